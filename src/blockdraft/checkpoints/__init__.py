@@ -1,0 +1,1 @@
+"""The one place that knows foreign spellings: config keys, tensor names, file layouts."""

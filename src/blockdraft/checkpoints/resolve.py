@@ -1,0 +1,312 @@
+"""Config spellings → one frozen `TargetConfig` / `DrafterConfig` (DESIGN.md §3).
+
+Each drafter field has a table of places it may be spelled; every place that is
+present is read, and they must agree (first found wins only when they do).
+Keys that matter only for training are ignored; keys that would change drafting
+and are not implemented are refused by name.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..config import DRAFTER_KINDS, DrafterConfig, RopeConfig, TargetConfig
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+_MISSING = object()
+
+# field -> where it may be spelled: ("nested", key) looks in dflash_config then dspark_config.
+DRAFTER_SPELLINGS: dict[str, list[str]] = {
+    "target_layer_ids": ["dflash_config.target_layer_ids", "dspark_config.target_layer_ids",
+                         "target_layer_ids", "dspark_target_layer_ids"],
+    "mask_token_id": ["dflash_config.mask_token_id", "dspark_config.mask_token_id", "mask_token_id",
+                      "dspark_mask_token_id", "dspark_noise_token_id"],
+    "block_size": ["dflash_config.block_size", "dspark_config.block_size", "block_size", "dspark_block_size"],
+    "markov_rank": ["markov_rank", "dflash_config.markov_rank", "dspark_config.markov_rank", "dspark_markov_rank"],
+    "markov_head_type": ["markov_head_type", "dflash_config.markov_head_type",
+                         "dspark_config.markov_head_type", "dspark_markov_head_type"],
+    "enable_confidence_head": ["enable_confidence_head", "dflash_config.enable_confidence_head",
+                               "dspark_config.enable_confidence_head", "dspark_enable_confidence_head"],
+    "confidence_head_with_markov": ["confidence_head_with_markov", "dflash_config.confidence_head_with_markov",
+                                    "dspark_config.confidence_head_with_markov",
+                                    "dspark_confidence_head_with_markov"],
+    "shift_label": ["shift_label", "dflash_config.shift_label", "dspark_config.shift_label", "dspark_shift_label"],
+    "num_draft_tokens": ["num_draft_tokens", "dflash_config.num_draft_tokens", "dspark_config.num_draft_tokens"],
+    "input_embedding_scale": ["dflash_config.input_embedding_scale", "input_embedding_scale"],
+    "output_multiplier": ["dflash_config.output_multiplier", "output_multiplier"],
+    "final_logit_softcapping": ["dflash_config.final_logit_softcapping", "final_logit_softcapping"],
+    "conv_kernel_size": ["dflash_config.conv_kernel_size", "conv_kernel_size"],
+    "conv_group_size": ["dflash_config.conv_group_size", "conv_group_size"],
+    "selector_top_k": ["dflash_config.selector_top_k", "selector_top_k"],
+    "selector_rank": ["dflash_config.selector_rank", "selector_rank"],
+}
+
+# An ORT-GenAI runtime JSON section (`model.dspark` / `model.dflash2`) is one more spelling of each field.
+for _name, _places in DRAFTER_SPELLINGS.items():
+    _places.append(f"runtime.{_name}")
+
+ARCHITECTURE_KINDS = {
+    "DFlashDraftModel": "dflash",
+    "DFlash2DraftModel": "dflash2",
+    "Qwen3DSparkModel": "dspark",
+    "DSparkDraftModel": "dspark",
+}
+
+# Keys that change what a drafter proposes and that blockdraft does not implement.
+REFUSED_KEYS = {
+    "hc_mult": "hyper-connection (DeepSeek-V4 MTP) drafters",
+    "n_mtp_layers": "DeepSeek-V4 MTP stacks",
+    "attn_logit_softcapping": "attention logit soft-capping",
+    "use_sliding_window": "Qwen2-style use_sliding_window (use layer_types + sliding_window)",
+}
+
+MARKOV_TENSORS = {  # canonical name -> accepted spellings
+    "markov_head.markov_w1.weight": ("markov_head.markov_w1.weight", "markov_w1.weight"),
+    "markov_head.markov_w2.weight": ("markov_head.markov_w2.weight", "markov_w2.weight"),
+    "confidence_head.proj.weight": ("confidence_head.proj.weight", "confidence_proj.weight"),
+    "confidence_head.proj.bias": ("confidence_head.proj.bias", "confidence_proj.bias"),
+    "candidate_selector.predecessor_codebook.weight": ("candidate_selector.predecessor_codebook",
+                                                       "candidate_selector.predecessor_codebook.weight"),
+    "candidate_selector.successor_codebook.weight": ("candidate_selector.successor_codebook",
+                                                     "candidate_selector.successor_codebook.weight"),
+}
+
+
+def _lookup(cfg: dict, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def read_field(cfg: dict, name: str, spellings: list[str] | None = None) -> Any:
+    """Value of `name` over all its spellings; conflicting values are an error."""
+    found = [(s, v) for s in (spellings or DRAFTER_SPELLINGS[name])
+             if (v := _lookup(cfg, s)) is not _MISSING and v is not None]
+    if not found:
+        return _MISSING
+    first_key, first = found[0]
+    for key, value in found[1:]:
+        if _normalise(value) != _normalise(first):
+            raise ConfigError(f"conflicting values for {name}: {first_key}={first!r} but {key}={value!r}")
+    return first
+
+
+def _normalise(v: Any) -> Any:
+    return tuple(v) if isinstance(v, list) else v
+
+
+def resolve_rope(cfg: dict) -> RopeConfig:
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    orig = params.get("original_max_position_embeddings",
+                      cfg.get("original_max_position_embeddings", cfg.get("max_position_embeddings", 2048)))
+    factor = params.get("factor")
+    if factor is None:
+        factor = cfg.get("max_position_embeddings", orig) / orig if rope_type == "yarn" else 1.0
+    return RopeConfig(
+        theta=float(theta), rope_type=rope_type, factor=float(factor),
+        original_max_position_embeddings=int(orig),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        beta_fast=float(params.get("beta_fast") or 32.0), beta_slow=float(params.get("beta_slow") or 1.0),
+        attention_factor=params.get("attention_factor"), mscale=params.get("mscale"),
+        mscale_all_dim=params.get("mscale_all_dim"), truncate=bool(params.get("truncate", True)),
+    )
+
+
+def _require(cfg: dict, key: str, what: str) -> Any:
+    if key not in cfg:
+        raise ConfigError(f"{what} config.json has no {key!r}")
+    return cfg[key]
+
+
+def _dims(cfg: dict, what: str) -> dict:
+    heads = int(_require(cfg, "num_attention_heads", what))
+    hidden = int(_require(cfg, "hidden_size", what))
+    return dict(
+        vocab_size=int(_require(cfg, "vocab_size", what)),
+        hidden_size=hidden,
+        intermediate_size=int(_require(cfg, "intermediate_size", what)),
+        num_layers=int(_require(cfg, "num_hidden_layers", what)),
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope=resolve_rope(cfg),
+        attention_bias=bool(cfg.get("attention_bias", False)),
+    )
+
+
+def resolve_target(cfg: dict) -> TargetConfig:
+    archs = cfg.get("architectures") or []
+    model_type = cfg.get("model_type", "")
+    if "Qwen3ForCausalLM" in archs or model_type == "qwen3":
+        arch = "qwen3"
+    elif "LlamaForCausalLM" in archs or model_type == "llama":
+        arch = "llama"
+    else:
+        raise ConfigError(f"target architecture {archs or model_type!r} is not supported "
+                          "(supported: LlamaForCausalLM, Qwen3ForCausalLM)")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"hidden_act={cfg['hidden_act']!r} is not supported (only 'silu')")
+    eos = cfg.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+    return TargetConfig(
+        architecture=arch, **_dims(cfg, "target"),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        mlp_bias=bool(cfg.get("mlp_bias", False)),
+        qk_norm=arch == "qwen3",
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=eos_ids,
+    )
+
+
+def runtime_json_section(runtime: dict) -> dict:
+    """ORT-GenAI style `{"model": {"dflash2" | "dspark": {...}}}` → drafter keys (+ `kind`)."""
+    model = runtime.get("model", {})
+    present = [k for k in ("dflash2", "dspark") if k in model]
+    if len(present) == 2:
+        raise ConfigError("runtime JSON has both model.dflash2 and model.dspark; they are aliases, keep one")
+    if not present:
+        raise ConfigError("runtime JSON has neither model.dflash2 nor model.dspark")
+    section = dict(model[present[0]])
+    section["kind"] = present[0]
+    if "top_k" in section:
+        section.setdefault("selector_top_k", section.pop("top_k"))
+    return section
+
+
+def canonical_tensor_names(tensors: dict) -> dict:
+    """Rename bare / suffix-less head tensors to the module-qualified names the model uses."""
+    out = dict(tensors)
+    for canonical, spellings in MARKOV_TENSORS.items():
+        present = [s for s in spellings if s in out]
+        if len(present) > 1:
+            raise ConfigError(f"tensor {canonical} is spelled twice: {present}")
+        if present and present[0] != canonical:
+            log.info("renaming tensor %s -> %s", present[0], canonical)
+            out[canonical] = out.pop(present[0])
+    return out
+
+
+def resolve_drafter(cfg: dict, tensor_shapes: dict[str, tuple[int, ...]], mode: str | None = None,
+                    runtime: dict | None = None) -> DrafterConfig:
+    """Build the one DrafterConfig from config.json, tensor shapes, an explicit mode and runtime JSON."""
+    for key, what in REFUSED_KEYS.items():
+        if key in cfg:
+            raise ConfigError(f"config key {key!r} ({what}) changes drafting and is not supported")
+    merged = dict(cfg)
+    if runtime is not None:
+        section = runtime_json_section(runtime)
+        merged["runtime"] = section
+    kind = _resolve_kind(merged, tensor_shapes, mode)
+    dims = _dims(cfg, "drafter")
+
+    def field(name: str, default: Any = _MISSING) -> Any:
+        value = read_field(merged, name)
+        if value is _MISSING:
+            if default is _MISSING:
+                raise ConfigError(f"drafter config has no {name} (looked in {DRAFTER_SPELLINGS[name]}); "
+                                  "taps and geometry are never guessed")
+            return default
+        return value
+
+    markov_rank = _markov_rank(merged, tensor_shapes)
+    conf_enabled = bool(field("enable_confidence_head", False)) or "confidence_head.proj.weight" in tensor_shapes
+    layer_types = tuple(cfg.get("layer_types") or ("full_attention",) * dims["num_layers"])
+    softcap = field("final_logit_softcapping", None)
+    return DrafterConfig(
+        kind=kind, **dims,
+        target_layer_ids=tuple(int(i) for i in field("target_layer_ids")),
+        mask_token_id=int(field("mask_token_id")),
+        block_size=int(field("block_size")),
+        shift_label=bool(field("shift_label", kind == "dspark")),
+        num_draft_tokens=int(field("num_draft_tokens", 0)),
+        layer_types=layer_types,
+        sliding_window=cfg.get("sliding_window"),
+        is_causal=cfg.get("is_causal"),
+        input_embedding_scale=float(field("input_embedding_scale", 1.0)),
+        output_multiplier=float(field("output_multiplier", 1.0)),
+        final_logit_softcapping=None if softcap is None else float(softcap),
+        markov_rank=markov_rank,
+        markov_head_type=str(field("markov_head_type", "vanilla")),
+        enable_confidence_head=conf_enabled,
+        confidence_head_with_markov=bool(field("confidence_head_with_markov", True)),
+        confidence_bias="confidence_head.proj.bias" in tensor_shapes or not tensor_shapes,
+        conv_kernel_size=int(field("conv_kernel_size", 0)),
+        conv_group_size=int(field("conv_group_size", 0)),
+        selector_top_k=int(field("selector_top_k", 0)),
+        selector_rank=int(field("selector_rank", 0)),
+        own_embed_tokens="embed_tokens.weight" in tensor_shapes,
+        own_lm_head="lm_head.weight" in tensor_shapes,
+    )
+
+
+def _has_dspark_heads(cfg: dict, shapes: dict) -> list[str]:
+    evidence = [n for n in shapes if n.startswith(("markov_head.", "confidence_head."))]
+    for name in ("markov_rank", "enable_confidence_head"):
+        value = read_field(cfg, name)
+        if value is not _MISSING and value:
+            evidence.append(f"{name}={value}")
+    return evidence
+
+
+def _resolve_kind(cfg: dict, shapes: dict, mode: str | None) -> str:
+    sources: list[tuple[str, str]] = []
+    if mode is not None:
+        if mode not in DRAFTER_KINDS:
+            raise ConfigError(f"--mode {mode!r} is not a drafter kind (choose from {DRAFTER_KINDS})")
+        sources.append(("--mode", mode))
+    runtime = cfg.get("runtime")
+    if runtime:
+        sources.append((f"runtime JSON model.{runtime['kind']}", runtime["kind"]))
+    for arch in cfg.get("architectures") or []:
+        if arch in ARCHITECTURE_KINDS:
+            sources.append((f"architectures={arch}", ARCHITECTURE_KINDS[arch]))
+        elif "DSpark" in arch:
+            sources.append((f"architectures={arch}", "dspark"))
+    projector = _lookup(cfg, "dflash_config.projector_type")
+    if projector == "dspark":
+        sources.append(("dflash_config.projector_type", "dspark"))
+    heads = _has_dspark_heads(cfg, shapes)
+    if heads:
+        sources.append((f"DSpark heads ({', '.join(heads[:3])})", "dspark"))
+    if not sources:
+        raise ConfigError("cannot tell the drafter kind: no --mode, no known architectures "
+                          f"(known: {sorted(ARCHITECTURE_KINDS)}), no DSpark heads")
+    first_src, kind = sources[0]
+    for src, other in sources[1:]:
+        if other != kind:
+            if "dspark" in (kind, other):
+                raise ConfigError(f"{first_src} says {kind!r} but {src} says {other!r}; a drafter with "
+                                  "DSpark heads must run in 'dspark' mode (--mode dspark), never as plain DFlash")
+            raise ConfigError(f"conflicting drafter kind: {first_src} says {kind!r}, {src} says {other!r}")
+    return kind
+
+
+def _markov_rank(cfg: dict, shapes: dict) -> int:
+    configured = read_field(cfg, "markov_rank")
+    w1 = shapes.get("markov_head.markov_w1.weight")
+    w2 = shapes.get("markov_head.markov_w2.weight")
+    if (w1 is None) != (w2 is None):
+        raise ConfigError("Markov head is incomplete: need both markov_w1 and markov_w2 "
+                          f"(found markov_w1={w1}, markov_w2={w2})")
+    if w1 is None:
+        return 0 if configured is _MISSING else int(configured)
+    rank = w1[1]
+    if rank == 0 or w2[1] == 0:
+        raise ConfigError(f"Markov head weights resolve to rank 0 (markov_w1 {w1}, markov_w2 {w2}); "
+                          "refusing to drop the head")
+    if w2[1] != rank:
+        raise ConfigError(f"markov_w1 rank {rank} != markov_w2 rank {w2[1]}")
+    if configured is not _MISSING and int(configured) != rank:
+        raise ConfigError(f"markov_rank={configured} in config but the weights have rank {rank}")
+    return rank

@@ -1,0 +1,183 @@
+"""Frozen, validated configs: one per concern, built once by `checkpoints.resolve`.
+
+Nothing here knows a foreign spelling; `checkpoints/resolve.py` maps published
+config files onto these fields. Every `ValueError` names the field and value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ARCHITECTURES = ("llama", "qwen3")
+DRAFTER_KINDS = ("dflash", "dflash2", "dspark")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _positive(name: str, value: int | float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{name} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    rope_type: str = "default"
+    factor: float = 1.0
+    original_max_position_embeddings: int = 2048
+    low_freq_factor: float = 1.0     # llama3
+    high_freq_factor: float = 4.0    # llama3
+    beta_fast: float = 32.0          # yarn
+    beta_slow: float = 1.0           # yarn
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self):
+        if self.rope_type not in ROPE_TYPES:
+            raise ConfigError(f"rope_type {self.rope_type!r} is not supported (supported: {ROPE_TYPES})")
+        _positive("rope_theta", self.theta)
+        _positive("rope factor", self.factor)
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """A decoder-only target (Llama or Qwen3 family)."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    max_position_embeddings: int = 4096
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.architecture not in ARCHITECTURES:
+            raise ConfigError(f"architecture {self.architecture!r} is not supported (supported: {ARCHITECTURES})")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_position_embeddings"):
+            _positive(name, getattr(self, name))
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"num_attention_heads={self.num_heads} is not divisible by "
+                              f"num_key_value_heads={self.num_kv_heads}")
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """One block drafter, whatever spelling it was published in (DESIGN.md §2-3)."""
+
+    kind: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    block_size: int
+    shift_label: bool
+    rms_norm_eps: float = 1e-6
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    attention_bias: bool = False
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    is_causal: bool | None = None
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+    # DSpark heads
+    markov_rank: int = 0
+    markov_head_type: str = "vanilla"
+    enable_confidence_head: bool = False
+    confidence_head_with_markov: bool = True
+    confidence_bias: bool = True
+    # DFlash2 heads
+    conv_kernel_size: int = 0
+    conv_group_size: int = 0
+    selector_top_k: int = 0
+    selector_rank: int = 0
+    # weights the drafter ships itself (else the target's are reused)
+    own_embed_tokens: bool = False
+    own_lm_head: bool = False
+    num_draft_tokens: int = 0  # 0 = derived from shift_label
+
+
+    def __post_init__(self):
+        derived = self.block_size if self.shift_label else self.block_size - 1
+        if self.num_draft_tokens == 0:
+            object.__setattr__(self, "num_draft_tokens", derived)
+        if self.kind not in DRAFTER_KINDS:
+            raise ConfigError(f"drafter kind {self.kind!r} is not supported (supported: {DRAFTER_KINDS})")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim"):
+            _positive(name, getattr(self, name))
+        if self.block_size < 2:
+            raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
+        if not self.target_layer_ids:
+            raise ConfigError("target_layer_ids is empty: the drafter needs at least one tap")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ConfigError(f"mask_token_id={self.mask_token_id} is outside the vocabulary "
+                              f"[0, {self.vocab_size})")
+        if len(self.layer_types) != self.num_layers:
+            raise ConfigError(f"layer_types has {len(self.layer_types)} entries for "
+                              f"num_hidden_layers={self.num_layers}")
+        for t in self.layer_types:
+            if t not in LAYER_TYPES:
+                raise ConfigError(f"layer_types entry {t!r} is not supported (supported: {LAYER_TYPES})")
+        if "sliding_attention" in self.layer_types:
+            if self.sliding_window is None:
+                raise ConfigError("layer_types has sliding_attention layers but sliding_window is not set")
+            _positive("sliding_window", self.sliding_window)
+        if self.final_logit_softcapping is not None and self.final_logit_softcapping < 0:
+            raise ConfigError(f"final_logit_softcapping must be >= 0, got {self.final_logit_softcapping}")
+        if not self.shift_label and self.num_draft_tokens == self.block_size:
+            raise ConfigError(f"shift_label=False with num_draft_tokens == block_size == {self.block_size} "
+                              "would read past the block (the anchor slot does not predict)")
+        if self.num_draft_tokens != derived:
+            raise ConfigError(f"num_draft_tokens={self.num_draft_tokens} does not fit block_size="
+                              f"{self.block_size} with shift_label={self.shift_label} (expected {derived})")
+        self._check_heads()
+
+    def _check_heads(self) -> None:
+        if self.kind == "dspark":
+            if self.markov_head_type != "vanilla":
+                raise ConfigError(f"markov_head_type={self.markov_head_type!r} is not implemented "
+                                  "(only 'vanilla'); refusing to run it as vanilla")
+            if self.markov_rank <= 0:
+                raise ConfigError(f"markov_rank={self.markov_rank}: DSpark needs a Markov head of rank > 0")
+        elif self.markov_rank or self.enable_confidence_head:
+            raise ConfigError(f"this drafter declares DSpark heads (markov_rank={self.markov_rank}, "
+                              f"enable_confidence_head={self.enable_confidence_head}) but runs as "
+                              f"{self.kind!r}; run it in 'dspark' mode")
+        if self.kind == "dflash2":
+            for name in ("conv_kernel_size", "conv_group_size", "selector_top_k", "selector_rank"):
+                _positive(name, getattr(self, name))
+            if self.hidden_size % self.conv_group_size:
+                raise ConfigError(f"conv_group_size={self.conv_group_size} does not divide "
+                                  f"hidden_size={self.hidden_size}")
+            if self.selector_top_k > self.vocab_size:
+                raise ConfigError(f"selector_top_k={self.selector_top_k} exceeds vocab_size={self.vocab_size}")
+
+    def layer_is_causal(self, layer: int) -> bool:
+        if self.is_causal is not None:
+            return self.is_causal
+        return self.layer_types[layer] == "sliding_attention"
+
+    def layer_window(self, layer: int) -> int | None:
+        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None

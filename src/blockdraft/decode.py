@@ -1,0 +1,110 @@
+"""One sequence, start to finish: prefill → (propose → verify → accept)* .
+
+The first token is sampled from the prefill's last logits and becomes the first
+anchor; the taps of every prompt token form the drafter's initial context. Each
+step verifies `[anchor, d_1..d_n]` in one target pass and commits
+`anchor + accepted drafts`; the correction/bonus token becomes the next anchor.
+Without a drafter the same loop is plain autoregressive decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import RequestError
+from .models.drafter import BlockDrafter
+from .models.target import TargetModel
+from .sampling.params import SamplingParams
+from .sampling.probs import pick, sampling_probs
+from .sampling.stops import StopCriteria
+from .spec.propose import propose
+from .spec.verify import greedy_accept, rejection_accept
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]                                        # generated only
+    acceptance_lengths: list[int] = field(default_factory=list)  # per verify step: accepted drafts + 1
+    finish_reason: str = "length"
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        total = self.prefill_s + self.decode_s
+        return len(self.token_ids) / total if total > 0 else 0.0
+
+
+def check_request(target: TargetModel, prompt_ids: list[int], params: SamplingParams) -> None:
+    cfg = target.config
+    if not prompt_ids:
+        raise RequestError("prompt is empty: at least one token is needed")
+    bad = [t for t in prompt_ids if not 0 <= t < cfg.vocab_size]
+    if bad:
+        raise RequestError(f"prompt token ids {bad[:5]} outside the vocabulary [0, {cfg.vocab_size})")
+    if len(prompt_ids) + params.max_tokens > cfg.max_position_embeddings:
+        raise RequestError(f"prompt length {len(prompt_ids)} + max_tokens {params.max_tokens} exceeds the "
+                           f"context length max_position_embeddings={cfg.max_position_embeddings}")
+
+
+@torch.inference_mode()
+def generate_one(target: TargetModel, prompt_ids: list[int], params: SamplingParams,
+                 drafter: BlockDrafter | None = None, stop: StopCriteria | None = None,
+                 confidence_threshold: float = 0.0) -> Generation:
+    check_request(target, prompt_ids, params)
+    stop = stop or StopCriteria()
+    generator = params.generator()
+    taps = drafter.config.target_layer_ids if drafter is not None else ()
+    prompt_len = len(prompt_ids)
+    max_length = prompt_len + params.max_tokens
+    margin = drafter.config.block_size + 1 if drafter is not None else 1
+    cache = target.new_cache(1, max_length + margin)
+    draft_cache = drafter.new_cache(1, max_length + margin) if drafter is not None else None
+
+    t0 = time.perf_counter()
+    out = target(torch.tensor([prompt_ids], device=target.device), cache, taps, logits_rows=1)
+    cache.truncate(prompt_len)
+    tokens = [int(pick(out.logits[0, -1], params, generator))]
+    if drafter is not None:
+        drafter.extend_context(out.taps, draft_cache)
+    gen = Generation(tokens)
+    gen.prefill_s = time.perf_counter() - t0
+
+    hit = stop.first_stop(tokens, 0)
+    start = prompt_len  # absolute position of the anchor
+    while hit is None and start + 1 < max_length:
+        anchor = torch.tensor([tokens[-1]], device=target.device)
+        n_drafts = min(drafter.config.num_draft_tokens, max_length - start - 1) if drafter is not None else 0
+        proposal = None
+        if n_drafts > 0:
+            proposal = propose(drafter, anchor, draft_cache, n_drafts, params, generator, confidence_threshold)
+            block = torch.cat([anchor[:, None], proposal.tokens], dim=1)             # [1, 1 + n]
+        else:
+            block = anchor[:, None]
+        out = target(block, cache, taps)                                              # logits [1, 1 + n, V]
+        drafts = block[0, 1:]
+        if params.greedy:
+            accepted, next_token = greedy_accept(drafts, out.logits[0])
+        else:
+            target_probs = sampling_probs(out.logits[0], params)
+            draft_probs = proposal.draft_probs[0] if proposal is not None else target_probs[:0]
+            accepted, next_token = rejection_accept(drafts, draft_probs, target_probs, generator)
+        new = drafts[:accepted].tolist() + [next_token]
+        produced = min(len(new), max_length - start - 1)
+        tokens.extend(new[:produced])
+        hit = stop.first_stop(tokens, len(tokens) - produced)
+        if hit is not None:
+            produced -= len(tokens) - hit[0]
+            del tokens[hit[0]:]
+        cache.truncate(start + produced)           # anchor + accepted drafts are committed
+        if drafter is not None:
+            drafter.extend_context(out.taps[:, :produced], draft_cache)
+            gen.acceptance_lengths.append(produced)
+        start += produced
+    gen.decode_s = time.perf_counter() - t0 - gen.prefill_s
+    if hit is not None:
+        gen.finish_reason = hit[1]
+    return gen

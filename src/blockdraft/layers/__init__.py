@@ -1,0 +1,1 @@
+"""Building blocks shared by targets and drafters: RMSNorm, RoPE, attention."""

@@ -1,0 +1,97 @@
+"""Rotary position embeddings (NeoX half-split layout), with the scalings HF configs use.
+
+Supported `rope_type`s: `default`, `linear`, `llama3`, `yarn`. The inverse
+frequencies follow transformers' `modeling_rope_utils` so that logits match it;
+cos/sin are computed in fp32 at absolute positions and cast to the activation dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..config import RopeConfig
+
+
+def inverse_frequencies(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, float]:
+    """Returns (inv_freq [head_dim/2] fp32, attention scaling applied to cos/sin)."""
+    dim = head_dim
+    base = rope.theta
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
+    if rope.rope_type == "default":
+        return inv_freq, 1.0
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor, 1.0
+    if rope.rope_type == "llama3":
+        return _llama3(inv_freq, rope), 1.0
+    if rope.rope_type == "yarn":
+        return _yarn(rope, dim)
+    raise AssertionError(rope.rope_type)  # RopeConfig validates the type
+
+
+def _llama3(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
+    old_len = rope.original_max_position_embeddings
+    low_wavelen = old_len / rope.low_freq_factor
+    high_wavelen = old_len / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
+    base, factor = rope.theta, rope.factor
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = rope.attention_factor
+    if attention_factor is None:
+        if rope.mscale and rope.mscale_all_dim:
+            attention_factor = mscale(factor, rope.mscale) / mscale(factor, rope.mscale_all_dim)
+        else:
+            attention_factor = mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(rope.original_max_position_embeddings / (rotations * 2 * math.pi))) / (
+            2 * math.log(base)
+        )
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, device="cpu").float() / dim)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, float(attention_factor)
+
+
+class Rotary:
+    """cos/sin tables at absolute positions; not an nn.Module (no state to load)."""
+
+    def __init__(self, rope: RopeConfig, head_dim: int):
+        self.inv_freq, self.scaling = inverse_frequencies(rope, head_dim)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions [batch, seq] -> cos, sin [batch, seq, head_dim]
+        freqs = positions.float()[..., None] * self.inv_freq.to(positions.device)[None, None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [batch, heads, seq, head_dim]; cos/sin [batch, seq, head_dim]."""
+    cos, sin = cos[:, None], sin[:, None]
+    return x * cos + rotate_half(x) * sin

@@ -1,0 +1,99 @@
+"""Directories → ready models: `load_target(dir)` and `load_drafter(dir, target)`.
+
+Reads config.json (+ an optional ORT-GenAI `genai_config.json`), resolves it once
+into a frozen config, checks it against the target, builds on the meta device
+and assigns the safetensors. Everything that can be wrong with a checkpoint is
+reported here, before any generation starts.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from .checkpoints.resolve import canonical_tensor_names, resolve_drafter, resolve_target
+from .checkpoints.weights import assign_weights, load_state_dict, read_json, strip_prefix
+from .config import DrafterConfig, TargetConfig
+from .errors import CheckpointError, ConfigError
+from .models.drafter import BlockDrafter
+from .models.target import TargetModel
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def _dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ConfigError(f"dtype {name!r} is not supported (choose from {sorted(DTYPES)})")
+    return DTYPES[name]
+
+
+def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32") -> TargetModel:
+    """A HF Llama/Qwen3 directory (config.json + safetensors, sharded or not) -> TargetModel."""
+    model_dir = Path(model_dir)
+    cfg = resolve_target(read_json(model_dir / "config.json"))
+    tensors = _target_names(load_state_dict(model_dir))
+    if cfg.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    with torch.device("meta"):
+        model = TargetModel(cfg)
+    optional = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
+    assign_weights(model, tensors, _dtype(dtype), f"target {model_dir}", optional)
+    model.tie_weights()
+    model.source_dir = model_dir
+    return model.eval().requires_grad_(False)
+
+
+def _target_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF names (`model.layers.0...`, `lm_head.weight`) -> module names; drop rotary buffers."""
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("rotary_emb.inv_freq"):
+            continue
+        out[name[len("model."):] if name.startswith("model.") else name] = t
+    return out
+
+
+def check_drafter_fits(cfg: DrafterConfig, target: TargetConfig, shapes: dict[str, tuple]) -> None:
+    """DESIGN.md §3 load-time checks of a drafter against its target, each naming the values."""
+    bad = [i for i in cfg.target_layer_ids if not 0 <= i < target.num_layers]
+    if bad:
+        raise ConfigError(f"target_layer_ids {list(cfg.target_layer_ids)}: {bad} outside the target's "
+                          f"[0, {target.num_layers}) layers")
+    fc = shapes.get("fc.weight")
+    expected = len(cfg.target_layer_ids) * target.hidden_size
+    if fc is not None and fc[1] != expected:
+        raise ConfigError(f"fc.weight input width {fc[1]} != len(target_layer_ids)={len(cfg.target_layer_ids)} "
+                          f"x target hidden_size={target.hidden_size} = {expected}")
+    if not cfg.own_lm_head and cfg.vocab_size != target.vocab_size:
+        raise ConfigError(f"drafter vocab_size={cfg.vocab_size} != target vocab_size={target.vocab_size} "
+                          "but the drafter reuses the target's LM head")
+    if (not cfg.own_lm_head or not cfg.own_embed_tokens) and cfg.hidden_size != target.hidden_size:
+        raise ConfigError(f"drafter hidden_size={cfg.hidden_size} != target hidden_size={target.hidden_size} "
+                          "but the drafter reuses the target's embedding/LM head")
+    if not 0 <= cfg.mask_token_id < target.vocab_size:
+        raise ConfigError(f"mask_token_id={cfg.mask_token_id} outside the target vocabulary [0, {target.vocab_size})")
+
+
+def load_drafter(drafter_dir: str | Path, target: TargetModel, mode: str | None = None,
+                 dtype: str | torch.dtype | None = None) -> BlockDrafter:
+    """A z-lab DFlash / DFlash2 or DeepSeek DSpark directory -> BlockDrafter bound to `target`."""
+    drafter_dir = Path(drafter_dir)
+    raw = read_json(drafter_dir / "config.json")
+    runtime_path = drafter_dir / "genai_config.json"
+    runtime = read_json(runtime_path) if runtime_path.is_file() else None
+    tensors = canonical_tensor_names(strip_prefix(load_state_dict(drafter_dir), "model.", "drafter"))
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    cfg = resolve_drafter(raw, shapes, mode=mode, runtime=runtime)
+    check_drafter_fits(cfg, target.config, shapes)
+    with torch.device("meta"):
+        drafter = BlockDrafter(cfg, target)
+    assign_weights(drafter, tensors, _dtype(dtype) if dtype else target.dtype, f"drafter {drafter_dir}")
+    drafter.source_dir = drafter_dir
+    return drafter.eval().requires_grad_(False)

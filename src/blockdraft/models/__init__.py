@@ -1,0 +1,1 @@
+"""Pure nn.Modules: the target decoder (Llama, Qwen3) and the block drafters."""

@@ -1,0 +1,247 @@
+"""Block drafter: DFlash backbone + optional DFlash2 convs/selector and DSpark heads.
+
+The backbone projects the target's taps into a context (`hidden_norm(fc(taps))`)
+whose K/V live in the drafter's own cache ("KV injection"); the block
+`[anchor, mask, ...]` attends to `[context ‖ block]`. Which rows become drafts and
+how tokens are chosen from the logits is `spec/propose.py`'s business; this
+module only turns (context, block) into hidden states and logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..config import DrafterConfig
+from ..errors import ConfigError
+from ..layers.attention import attend, causal_visibility
+from ..layers.norm import RMSNorm
+from ..layers.rope import Rotary, apply_rope
+from .kv_cache import KVCache
+from .target import MLP, TargetModel
+
+
+class InjectedAttention(nn.Module):
+    """Block queries over [context K/V from the cache ‖ block K/V]; Qwen3 q/k norms, RoPE by position."""
+
+    def __init__(self, cfg: DrafterConfig, layer: int):
+        super().__init__()
+        if cfg.num_heads % cfg.num_kv_heads:
+            raise ConfigError(f"drafter layer {layer}: num_attention_heads={cfg.num_heads} is not divisible by "
+                             f"num_key_value_heads={cfg.num_kv_heads}")
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        return proj(x).view(b, t, n, self.head_dim)
+
+    def context_kv(self, ctx: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projected context rows [b, n, D] -> K, V [b, hkv, n, d] (k_norm, then RoPE; no input norm)."""
+        k = apply_rope(self.k_norm(self._heads(ctx, self.k_proj, self.num_kv_heads)).transpose(1, 2), cos, sin)
+        return k, self._heads(ctx, self.v_proj, self.num_kv_heads).transpose(1, 2)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, visible) -> torch.Tensor:
+        q = apply_rope(self.q_norm(self._heads(x, self.q_proj, self.num_heads)).transpose(1, 2), cos, sin)
+        k, v = self.context_kv(x, cos, sin)
+        k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
+        return self.o_proj(attend(q, k, v, visible, self.head_dim ** -0.5))
+
+
+class GroupedCausalConv(nn.Module):
+    """DFlash2's dynamic grouped causal conv over the block rows (zero-padded before the block).
+
+    out[t] = sum_o (base[o] + dyn[t, o, group]) * x[t - o]; `prepare` convolves with the
+    first kernel and returns the second kernel's dynamic part for `finish`.
+    """
+
+    def __init__(self, hidden: int, kernel_size: int, group_size: int):
+        super().__init__()
+        self.kernel_size, self.group_size = kernel_size, group_size
+        self.groups = hidden // group_size
+        self.base_kernel = nn.Parameter(torch.empty(2, kernel_size, hidden))
+        self.kernel_projection = nn.Linear(hidden, 2 * kernel_size * self.groups, bias=False)
+
+    def _convolve(self, x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        blocks = x.view(b, t, self.groups, self.group_size)
+        dynamic = dynamic.reshape(b, t, self.kernel_size, self.groups, 1)
+        out = torch.zeros_like(blocks)
+        for offset in range(self.kernel_size):
+            shifted = blocks if offset == 0 else F.pad(blocks[:, :-offset], (0, 0, 0, 0, offset, 0))
+            out = out + base[offset].view(1, 1, self.groups, self.group_size).to(x.dtype) * shifted
+            out = torch.addcmul(out, dynamic[:, :, offset], shifted)
+        return out.view(b, t, h)
+
+    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dynamic = self.kernel_projection(x).view(*x.shape[:-1], 2, self.kernel_size, self.groups)
+        return self._convolve(x, dynamic[..., 0, :, :], self.base_kernel[0]), dynamic[..., 1, :, :]
+
+    def finish(self, x: torch.Tensor, dynamic: torch.Tensor) -> torch.Tensor:
+        return self._convolve(x, dynamic, self.base_kernel[1])
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig, layer: int):
+        super().__init__()
+        self.self_attn = InjectedAttention(cfg, layer)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.causal, self.window = cfg.layer_is_causal(layer), cfg.layer_window(layer)
+        if cfg.kind == "dflash2":
+            self.attention_conv = GroupedCausalConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
+            self.mlp_conv = GroupedCausalConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
+        else:
+            self.attention_conv = self.mlp_conv = None
+
+    def visibility(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+        if not self.causal and self.window is None:
+            return None  # full non-causal layer: every context and block row is visible
+        return causal_visibility(q_pos, k_pos, self.window, self.causal)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, visible):
+        h = self.input_layernorm(x)
+        if self.attention_conv is not None:
+            h, kernel = self.attention_conv.prepare(h)
+        h = self.self_attn(h, cos, sin, ctx_k, ctx_v, visible)
+        if self.attention_conv is not None:
+            h = self.attention_conv.finish(h, kernel)
+        x = x + h
+        h = self.post_attention_layernorm(x)
+        if self.mlp_conv is not None:
+            h, kernel = self.mlp_conv.prepare(h)
+        h = self.mlp(h)
+        if self.mlp_conv is not None:
+            h = self.mlp_conv.finish(h, kernel)
+        return x + h
+
+
+class MarkovHead(nn.Module):
+    """DSpark low-rank transition bias: bias(prev) = W2(W1[prev]) in fp32, [.., vocab]."""
+
+    def __init__(self, vocab: int, rank: int):
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab, rank)
+        self.markov_w2 = nn.Linear(rank, vocab, bias=False)
+
+    def forward(self, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        embed = self.markov_w1(prev)
+        return F.linear(embed.float(), self.markov_w2.weight.float()), embed
+
+
+class ConfidenceHead(nn.Module):
+    """sigmoid(proj([hidden ‖ W1[prev]])) estimates P(slot accepted)."""
+
+    def __init__(self, in_features: int, bias: bool):
+        super().__init__()
+        self.proj = nn.Linear(in_features, 1, bias=bias)
+
+    def forward(self, hidden: torch.Tensor, markov_embed: torch.Tensor | None) -> torch.Tensor:
+        x = hidden if markov_embed is None else torch.cat([hidden, markov_embed.to(hidden.dtype)], dim=-1)
+        return F.linear(x.float(), self.proj.weight.float(),
+                        None if self.proj.bias is None else self.proj.bias.float())[..., 0]
+
+
+class CandidateSelector(nn.Module):
+    """DFlash2 edge scorer: edge(pred, cand | h) = (P[pred] * proj(h)) · S[cand]."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.top_k = cfg.selector_top_k
+        self.predecessor_codebook = nn.Embedding(cfg.vocab_size, cfg.selector_rank)
+        self.successor_codebook = nn.Embedding(cfg.vocab_size, cfg.selector_rank)
+        self.hidden_projection = nn.Linear(cfg.hidden_size, cfg.selector_rank, bias=False)
+
+
+@dataclass
+class SharedWeights:
+    """The target's embedding and LM head, reused by reference (not registered, not saved)."""
+
+    embed_tokens: nn.Embedding
+    lm_head: nn.Linear
+
+
+class BlockDrafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig, target: TargetModel):
+        super().__init__()
+        self.config = cfg
+        tcfg = target.config
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * tcfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DrafterLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg.rope, cfg.head_dim)
+        self.shared = SharedWeights(target.embed_tokens, target.lm_head)
+        if cfg.own_embed_tokens:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        if cfg.own_lm_head:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.kind == "dspark":
+            self.markov_head = MarkovHead(cfg.vocab_size, cfg.markov_rank)
+            if cfg.enable_confidence_head:
+                extra = cfg.markov_rank if cfg.confidence_head_with_markov else 0
+                self.confidence_head = ConfidenceHead(cfg.hidden_size + extra, cfg.confidence_bias)
+        if cfg.kind == "dflash2":
+            self.candidate_selector = CandidateSelector(cfg)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def new_cache(self, batch: int = 1, capacity: int = 256) -> KVCache:
+        c = self.config
+        return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.dtype, self.fc.weight.device, capacity)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.config.own_embed_tokens:
+            return self.embed_tokens(ids)
+        return self.shared.embed_tokens(ids) * self.config.input_embedding_scale
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits [.., vocab]: LM head × output_multiplier, then soft-capping if configured."""
+        head = self.lm_head if self.config.own_lm_head else self.shared.lm_head
+        logits = head(hidden) * self.config.output_multiplier
+        cap = self.config.final_logit_softcapping
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def extend_context(self, taps: torch.Tensor, cache: KVCache) -> None:
+        """Commit context rows: taps [b, n, taps*H] of tokens at positions cache.length.. ."""
+        b, n, _ = taps.shape
+        if n == 0:
+            return
+        start = cache.length
+        cache.reserve(start + n)
+        ctx = self.hidden_norm(self.fc(taps.to(self.dtype)))
+        positions = torch.arange(start, start + n, device=taps.device).expand(b, n)
+        cos, sin = self.rotary.cos_sin(positions, self.dtype)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.context_kv(ctx, cos, sin)
+            cache.write(i, start, k, v)
+        cache.truncate(start + n)
+
+    def block_hidden(self, anchor: torch.Tensor, rows: int, cache: KVCache) -> torch.Tensor:
+        """Final hidden [b, rows, D] of the block [anchor, mask × (rows-1)] at positions cache.length.. ."""
+        b = anchor.shape[0]
+        start = cache.length
+        ids = torch.full((b, rows), self.config.mask_token_id, dtype=torch.long, device=anchor.device)
+        ids[:, 0] = anchor
+        x = self.embed(ids)
+        q_pos = torch.arange(start, start + rows, device=anchor.device).expand(b, rows)
+        k_pos = torch.arange(start + rows, device=anchor.device).expand(b, start + rows)
+        cos, sin = self.rotary.cos_sin(q_pos, x.dtype)
+        for i, layer in enumerate(self.layers):
+            ctx_k, ctx_v = cache.k[i][:, :, :start], cache.v[i][:, :, :start]
+            x = layer(x, cos, sin, ctx_k, ctx_v, layer.visibility(q_pos, k_pos))
+        return self.norm(x)

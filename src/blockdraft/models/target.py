@@ -1,0 +1,144 @@
+"""Llama / Qwen3 decoder that returns logits and, in the same pass, the drafter's taps.
+
+Qwen3 differs from Llama only by q/k RMSNorm per head (`qk_norm`); everything else
+(GQA, tied embeddings, RoPE scaling) is config. Taps follow HF `hidden_states[i+1]`:
+the residual stream after layer i; for the last layer, after the final norm.
+This module knows nothing about drafting or sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..config import TargetConfig
+from ..layers.attention import attend, causal_visibility
+from ..layers.norm import RMSNorm
+from ..layers.rope import Rotary, apply_rope
+from .kv_cache import KVCache
+
+
+class TargetAttention(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, visible, cache: KVCache | None, layer: int, start: int):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)  # [b, h, t, d]
+        k = apply_rope(k.transpose(1, 2), cos, sin)
+        v = v.transpose(1, 2)
+        if cache is not None:
+            k, v = cache.write(layer, start, k, v)
+        return self.o_proj(attend(q, k, v, visible, self.head_dim ** -0.5))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward (Llama, Qwen3 and the drafters share it)."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.self_attn = TargetAttention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, visible, cache, layer, start):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, visible, cache, layer, start)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor              # [batch, rows, vocab] (rows = all or the last `logits_rows`)
+    taps: torch.Tensor | None = None  # [batch, seq, len(tap_layers) * hidden]
+
+
+class TargetModel(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = Rotary(cfg.rope, cfg.head_dim)
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    def new_cache(self, batch: int = 1, capacity: int = 256) -> KVCache:
+        c = self.config
+        return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.dtype, self.device, capacity)
+
+    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None,
+                tap_layers: tuple[int, ...] = (), logits_rows: int | None = None) -> TargetOutput:
+        """input_ids [batch, seq] at positions cache.length.. (0 without a cache).
+
+        Writes K/V for every row into the cache but does not advance `cache.length`;
+        the caller commits what it accepts with `cache.truncate(n)`.
+        """
+        b, t = input_ids.shape
+        start = cache.length if cache is not None else 0
+        if cache is not None:
+            cache.reserve(start + t)
+        positions = torch.arange(start, start + t, device=input_ids.device).expand(b, t)
+        cos, sin = self.rotary.cos_sin(positions, self.dtype)
+        k_pos = torch.arange(start + t, device=input_ids.device).expand(b, start + t)
+        visible = causal_visibility(positions, k_pos)
+        x = self.embed_tokens(input_ids)
+        taps = {}
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, visible, cache, i, start)
+            if i in tap_layers and i != last:
+                taps[i] = x
+        x = self.norm(x)
+        if last in tap_layers:
+            taps[last] = x  # HF hidden_states[-1] is after the final norm
+        if logits_rows is not None:
+            x = x[:, -logits_rows:]
+        packed = torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None
+        return TargetOutput(self.lm_head(x), packed)
+
+    @torch.inference_mode()
+    def logits(self, input_ids) -> torch.Tensor:
+        """Full-sequence logits [batch, seq, vocab], no cache. Accepts ids as a list or tensor."""
+        ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device)
+        return self.forward(ids[None] if ids.dim() == 1 else ids).logits

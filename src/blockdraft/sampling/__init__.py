@@ -1,0 +1,1 @@
+"""Sampling parameters, logits → probabilities, and stop conditions."""

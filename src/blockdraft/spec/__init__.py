@@ -1,0 +1,1 @@
+"""The speculative algorithm as tensor functions: propose (drafter → drafts), verify/accept."""

@@ -1,0 +1,72 @@
+"""Candidate lattice (ORT-GenAI contract) and the walk over it.
+
+`candidate_ids` int64 [batch, n, K]: the top-K base draft logits per slot (sorted,
+best first). `scores` fp32 [batch, n, K, K]: `scores[b, i, p, j]` = base logit of
+candidate j at slot i + edge(candidate p of slot i-1 → candidate j of slot i);
+slot 0's predecessor is the anchor, so its K rows are equal. Edge math is fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from ..models.drafter import CandidateSelector, MarkovHead
+from ..sampling.params import SamplingParams
+from ..sampling.probs import sample_from
+
+
+@dataclass
+class Lattice:
+    candidate_ids: torch.Tensor  # [batch, n, K] int64
+    scores: torch.Tensor         # [batch, n, K, K] fp32
+
+
+def _predecessors(anchor: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """[b], [b, n, K] -> predecessor ids [b, n, K]: the anchor for slot 0, slot i-1's candidates after."""
+    first = anchor[:, None, None].expand(-1, 1, candidates.shape[-1])
+    return torch.cat([first, candidates[:, :-1]], dim=1)
+
+
+def dspark_lattice(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead, k: int) -> Lattice:
+    """logits [b, n, V] (before the Markov bias) -> lattice with edges W1[pred] · W2[cand]."""
+    unary, cand = torch.topk(logits.float(), k, dim=-1)                  # [b, n, K]
+    pred_embed = head.markov_w1(_predecessors(anchor, cand)).float()     # [b, n, K, r]
+    succ = head.markov_w2.weight.float()[cand]                           # [b, n, K, r]
+    edges = torch.einsum("bipr,bijr->bipj", pred_embed, succ)
+    return Lattice(cand, unary[:, :, None, :] + edges)
+
+
+def dflash2_lattice(logits: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor,
+                    selector: CandidateSelector) -> Lattice:
+    """Edges (P[pred] ∘ proj(h_i)) · S[cand] as DFlash2's candidate selector defines them."""
+    unary, cand = torch.topk(logits.float(), selector.top_k, dim=-1)
+    proj = F.linear(hidden.float(), selector.hidden_projection.weight.float())   # [b, n, r]
+    pred_embed = selector.predecessor_codebook.weight.float()[_predecessors(anchor, cand)] * proj[:, :, None]
+    succ = selector.successor_codebook.weight.float()[cand]
+    edges = torch.einsum("bipr,bijr->bipj", pred_embed, succ)
+    return Lattice(cand, unary[:, :, None, :] + edges)
+
+
+def walk(lattice: Lattice, params: SamplingParams, generator: torch.Generator | None,
+         vocab_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Walk from the anchor, carrying the chosen index. Returns drafts [b, n] and, when sampling,
+    the full-vocabulary distribution each draft was drawn from [b, n, V] (the `q` for rejection)."""
+    cand, scores = lattice.candidate_ids, lattice.scores
+    b, n, k = cand.shape
+    rows = torch.arange(b, device=cand.device)
+    index = torch.zeros(b, dtype=torch.long, device=cand.device)  # slot 0: all rows are equal
+    picks, q_rows = [], []
+    for i in range(n):
+        row = scores[rows, i, index]                                  # [b, K]
+        if params.greedy:
+            index = row.argmax(dim=-1)
+        else:
+            q = torch.softmax(row / params.temperature, dim=-1)
+            index = sample_from(q, generator)
+            q_rows.append(torch.zeros(b, vocab_size, device=q.device).scatter_add(-1, cand[:, i], q))
+        picks.append(cand[rows, i, index])
+    drafts = torch.stack(picks, dim=1)
+    return drafts, (torch.stack(q_rows, dim=1) if q_rows else None)

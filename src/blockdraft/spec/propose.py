@@ -1,0 +1,72 @@
+"""Propose: one drafter pass → n draft tokens (and the distributions they came from).
+
+DFlash: each slot's argmax / sample. DFlash2: walk its candidate lattice.
+DSpark: full-vocabulary Markov chain, `logits_i += W2(W1[prev_i])`, prev_0 = anchor,
+prev_i = d_i; the confidence head may cut the block (never changes the output).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..models.drafter import BlockDrafter, MarkovHead
+from ..models.kv_cache import KVCache
+from ..sampling.params import SamplingParams
+from ..sampling.probs import pick, sampling_probs
+from .lattice import dflash2_lattice, walk
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor                  # [batch, n] drafts d_1..d_n
+    draft_probs: torch.Tensor | None      # [batch, n, vocab] what each draft was sampled from (None: greedy)
+    confidence: torch.Tensor | None = None  # [batch, n] P(slot accepted), DSpark only
+
+
+def markov_chain(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead, params: SamplingParams,
+                 generator: torch.Generator | None):
+    """Chained DSpark proposal over the full vocabulary. Returns tokens [b, n], probs, W1 embeds [b, n, r]."""
+    prev, tokens, probs, embeds = anchor, [], [], []
+    for i in range(logits.shape[1]):
+        bias, embed = head(prev)
+        slot_logits = logits[:, i].float() + bias                    # [b, vocab]
+        if not params.greedy:
+            probs.append(sampling_probs(slot_logits, params))
+        prev = pick(slot_logits, params, generator)
+        tokens.append(prev)
+        embeds.append(embed)
+    return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None), torch.stack(embeds, 1)
+
+
+def propose(drafter: BlockDrafter, anchor: torch.Tensor, cache: KVCache, n_drafts: int,
+            params: SamplingParams, generator: torch.Generator | None,
+            confidence_threshold: float = 0.0) -> Proposal:
+    """anchor [b] at position cache.length -> Proposal with at most n_drafts drafts."""
+    cfg = drafter.config
+    # shift_label: slot i predicts start+i+1 and the block is always full; otherwise slot 0 is
+    # the anchor and the block shrinks near the budget so nothing past it is drafted.
+    first = 0 if cfg.shift_label else 1
+    rows = cfg.block_size if cfg.shift_label else n_drafts + 1
+    hidden = drafter.block_hidden(anchor, rows, cache)[:, first:first + n_drafts]   # [b, n, D]
+    logits = drafter.logits(hidden)                                                   # [b, n, V]
+    if cfg.kind == "dflash":
+        probs = None if params.greedy else sampling_probs(logits, params)
+        tokens = logits.argmax(-1) if probs is None else torch.multinomial(
+            probs.view(-1, probs.shape[-1]), 1, generator=generator).view(probs.shape[:-1])
+        return Proposal(tokens, probs)
+    if cfg.kind == "dflash2":
+        lattice = dflash2_lattice(logits, hidden, anchor, drafter.candidate_selector)
+        tokens, probs = walk(lattice, params, generator, cfg.vocab_size)
+        return Proposal(tokens, probs)
+    tokens, probs, embeds = markov_chain(logits, anchor, drafter.markov_head, params, generator)
+    confidence = None
+    if cfg.enable_confidence_head:
+        conf_logits = drafter.confidence_head(hidden, embeds if cfg.confidence_head_with_markov else None)
+        confidence = torch.sigmoid(conf_logits)
+        if confidence_threshold > 0:
+            keep = int((confidence >= confidence_threshold).int().cumprod(-1).sum(-1).min())
+            tokens, probs, confidence = tokens[:, :keep], None if probs is None else probs[:, :keep], \
+                confidence[:, :keep]
+    return Proposal(tokens, probs, confidence)

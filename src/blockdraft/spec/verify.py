@@ -1,0 +1,41 @@
+"""Verify/accept: decide how many drafts the target keeps and what token follows them.
+
+Greedy is exact prefix match + the target's argmax at the first mismatch
+(correction) or after the last draft (bonus). Sampling is Leviathan/Chen
+rejection sampling, so the output distribution is exactly the target's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..sampling.probs import sample_from
+
+
+def greedy_accept(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
+    """drafts [n], target_logits [n+1, vocab] -> (accepted m, next token)."""
+    target_argmax = target_logits.argmax(dim=-1)                       # [n+1]
+    n = drafts.shape[0]
+    accepted = int((drafts == target_argmax[:n]).int().cumprod(0).sum()) if n else 0
+    return accepted, int(target_argmax[accepted])
+
+
+def rejection_accept(drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                     generator: torch.Generator | None) -> tuple[int, int]:
+    """drafts [n], draft_probs [n, V], target_probs [n+1, V] -> (accepted m, next token).
+
+    accept d_i with prob min(1, target_probs[i, d_i] / draft_probs[i, d_i]);
+    on the first rejection, sample from norm(max(target_probs - draft_probs, 0));
+    after a full accept, sample the bonus from target_probs[n].
+    """
+    n = drafts.shape[0]
+    for i in range(n):
+        d = int(drafts[i])
+        u = torch.rand((), generator=generator, device=target_probs.device)
+        if u * draft_probs[i, d] < target_probs[i, d]:
+            continue
+        residual = (target_probs[i] - draft_probs[i]).clamp_min(0)
+        total = residual.sum()
+        residual = residual / total if total > 0 else target_probs[i]
+        return i, int(sample_from(residual, generator))
+    return n, int(sample_from(target_probs[n], generator))
