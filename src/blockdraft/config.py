@@ -97,6 +97,7 @@ class DrafterConfig:
     attention_bias: bool = False
     layer_types: tuple[str, ...] = ()
     sliding_window: int | None = None
+    use_sliding_window: bool = True  # HF Qwen3 semantics: False disables the window (layers stay causal)
     is_causal: bool | None = None
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
@@ -140,7 +141,7 @@ class DrafterConfig:
         for t in self.layer_types:
             if t not in LAYER_TYPES:
                 raise ConfigError(f"layer_types entry {t!r} is not supported (supported: {LAYER_TYPES})")
-        if "sliding_attention" in self.layer_types:
+        if "sliding_attention" in self.layer_types and self.use_sliding_window:
             if self.sliding_window is None:
                 raise ConfigError("layer_types has sliding_attention layers but sliding_window is not set")
             _positive("sliding_window", self.sliding_window)
@@ -180,4 +181,6 @@ class DrafterConfig:
         return self.layer_types[layer] == "sliding_attention"
 
     def layer_window(self, layer: int) -> int | None:
-        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
+        if self.layer_types[layer] != "sliding_attention" or not self.use_sliding_window:
+            return None
+        return self.sliding_window

@@ -8,6 +8,7 @@ reported here, before any generation starts.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -82,8 +83,11 @@ def check_drafter_fits(cfg: DrafterConfig, target: TargetConfig, shapes: dict[st
 
 
 def load_drafter(drafter_dir: str | Path, target: TargetModel, mode: str | None = None,
-                 dtype: str | torch.dtype | None = None) -> BlockDrafter:
-    """A z-lab DFlash / DFlash2 or DeepSeek DSpark directory -> BlockDrafter bound to `target`."""
+                 dtype: str | torch.dtype | None = None, block_size: int | None = None) -> BlockDrafter:
+    """A z-lab DFlash / DFlash2 or DeepSeek DSpark directory -> BlockDrafter bound to `target`.
+
+    `block_size` overrides the trained block length (as `dflash_generate(block_size=...)` does).
+    """
     drafter_dir = Path(drafter_dir)
     raw = read_json(drafter_dir / "config.json")
     runtime_path = drafter_dir / "genai_config.json"
@@ -91,6 +95,8 @@ def load_drafter(drafter_dir: str | Path, target: TargetModel, mode: str | None 
     tensors = canonical_tensor_names(strip_prefix(load_state_dict(drafter_dir), "model.", "drafter"))
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
     cfg = resolve_drafter(raw, shapes, mode=mode, runtime=runtime)
+    if block_size is not None:
+        cfg = dataclasses.replace(cfg, block_size=block_size, num_draft_tokens=0)
     check_drafter_fits(cfg, target.config, shapes)
     with torch.device("meta"):
         drafter = BlockDrafter(cfg, target)

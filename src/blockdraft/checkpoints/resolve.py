@@ -60,7 +60,6 @@ REFUSED_KEYS = {
     "hc_mult": "hyper-connection (DeepSeek-V4 MTP) drafters",
     "n_mtp_layers": "DeepSeek-V4 MTP stacks",
     "attn_logit_softcapping": "attention logit soft-capping",
-    "use_sliding_window": "Qwen2-style use_sliding_window (use layer_types + sliding_window)",
 }
 
 MARKOV_TENSORS = {  # canonical name -> accepted spellings
@@ -232,6 +231,7 @@ def resolve_drafter(cfg: dict, tensor_shapes: dict[str, tuple[int, ...]], mode: 
         num_draft_tokens=int(field("num_draft_tokens", 0)),
         layer_types=layer_types,
         sliding_window=cfg.get("sliding_window"),
+        use_sliding_window=cfg.get("use_sliding_window") is not False,
         is_causal=cfg.get("is_causal"),
         input_embedding_scale=float(field("input_embedding_scale", 1.0)),
         output_multiplier=float(field("output_multiplier", 1.0)),
@@ -268,12 +268,14 @@ def _resolve_kind(cfg: dict, shapes: dict, mode: str | None) -> str:
     runtime = cfg.get("runtime")
     if runtime:
         sources.append((f"runtime JSON model.{runtime['kind']}", runtime["kind"]))
+    projector = _lookup(cfg, "dflash_config.projector_type")
     for arch in cfg.get("architectures") or []:
+        if arch == "DFlashDraftModel" and projector == "dspark":
+            continue  # SpecForge trains DSpark as a DFlash model with a dspark projector
         if arch in ARCHITECTURE_KINDS:
             sources.append((f"architectures={arch}", ARCHITECTURE_KINDS[arch]))
         elif "DSpark" in arch:
             sources.append((f"architectures={arch}", "dspark"))
-    projector = _lookup(cfg, "dflash_config.projector_type")
     if projector == "dspark":
         sources.append(("dflash_config.projector_type", "dspark"))
     heads = _has_dspark_heads(cfg, shapes)

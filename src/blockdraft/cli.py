@@ -1,0 +1,100 @@
+"""`blockdraft` command line. Parses flags, calls one library function, prints.
+
+User errors (BlockdraftError) print one red line on stderr and exit 2;
+`--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="blockdraft", description="Lossless speculative decoding with block "
+                                     "drafters (DFlash, DFlash2, DSpark).")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate from one prompt (speculative when a drafter is given)",
+                       description="Generate from one prompt. Without --target the shipped default model is used; "
+                       "--drafter then names a shipped drafter (dflash, dflash2, dspark, none).")
+    g.add_argument("--target", help="HF target directory (config.json + safetensors)")
+    g.add_argument("--drafter", help="drafter directory, or dflash|dflash2|dspark|none for the default target "
+                   "(default: dspark without --target, none with it)")
+    g.add_argument("--mode", choices=["dflash", "dflash2", "dspark"], help="force the drafter kind")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="raw prompt text")
+    src.add_argument("--prompt-ids", type=_ids, help="comma-separated prompt token ids")
+    g.add_argument("--chat", action="store_true", help="apply the chat template to --prompt")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--block-size", type=int, help="override the drafter's block size")
+    g.add_argument("--confidence-threshold", type=float, default=0.0,
+                   help="DSpark: cut the block at the first slot whose confidence is below this")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.set_defaults(func=cmd_generate)
+    return parser
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .errors import RequestError
+    from .llm import LLM
+    from .sampling.params import SamplingParams
+
+    if args.chat and args.prompt is None:
+        raise RequestError("--chat needs --prompt (text), not --prompt-ids")
+    drafter = args.drafter if args.drafter is not None else "default"
+    llm = LLM(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, block_size=args.block_size,
+              confidence_threshold=args.confidence_threshold)
+    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
+    if args.prompt is not None:
+        out = llm.generate([args.prompt], params, chat=args.chat)[0]
+    else:
+        out = llm.generate(prompt_token_ids=[args.prompt_ids], sampling_params=params)[0]
+    if args.json:
+        print(json.dumps({
+            "token_ids": out.token_ids, "text": out.text, "acceptance_lengths": out.acceptance_lengths,
+            "finish_reason": out.finish_reason,
+            "drafter": None if llm.drafter is None else llm.drafter.config.kind,
+            "timing": {"prefill_s": out.prefill_s, "decode_s": out.decode_s, "tokens_per_s": out.tokens_per_s},
+        }))
+    else:
+        print(out.text)
+        al = f", mean AL {out.mean_acceptance_length:.2f}" if out.acceptance_lengths else ""
+        print(f"[{len(out.token_ids)} tokens{al}, {out.tokens_per_s:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .errors import BlockdraftError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except BlockdraftError as e:
+        if args.debug:
+            raise
+        red = "\033[31m" if sys.stderr.isatty() else ""
+        reset = "\033[0m" if red else ""
+        print(f"{red}error: {e}{reset}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""vLLM-style offline API: `LLM(target=..., drafter=...).generate(prompts, sampling_params)`.
+
+Owns the loaded models and the tokenizer; turns text into ids and ids back into
+text (cutting stop strings). Decoding itself is `decode.generate_one`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .decode import Generation, generate_one
+from .errors import ConfigError, RequestError
+from .loading import load_drafter, load_target
+from .sampling.params import SamplingParams
+from .sampling.stops import StopCriteria
+from .tokenizer import Tokenizer
+
+ASSETS = Path(__file__).parent / "assets" / "tiny"
+DEFAULT_TARGET = ASSETS / "target-qwen3"
+DEFAULT_DRAFTERS = {"dflash": ASSETS / "dflash", "dflash2": ASSETS / "dflash2", "dspark": ASSETS / "dspark"}
+
+
+@dataclass
+class RequestOutput:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    acceptance_lengths: list[int] = field(default_factory=list)
+    finish_reason: str = "length"
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        total = self.prefill_s + self.decode_s
+        return len(self.token_ids) / total if total > 0 else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        a = self.acceptance_lengths
+        return sum(a) / len(a) if a else 0.0
+
+
+def resolve_drafter_dir(target: str | Path | None, drafter: str | Path | None) -> Path | None:
+    """`none` → no drafter; a shipped name (dflash, dspark, ...) → the default target's drafter; else a dir."""
+    if drafter is None or str(drafter) == "none":
+        return None
+    if str(drafter) in DEFAULT_DRAFTERS:
+        if target is not None and Path(target).resolve() != DEFAULT_TARGET.resolve():
+            raise ConfigError(f"--drafter {drafter} names a drafter shipped for the default target; "
+                              f"with --target {target} pass a drafter directory")
+        return DEFAULT_DRAFTERS[str(drafter)]
+    return Path(drafter)
+
+
+class LLM:
+    def __init__(self, target: str | Path | None = None, drafter: str | Path | None = "default",
+                 mode: str | None = None, dtype: str = "float32", max_batch: int = 8,
+                 block_size: int | None = None, confidence_threshold: float = 0.0):
+        if drafter == "default":
+            drafter = "dspark" if target is None else None
+        if max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
+        if not 0.0 <= confidence_threshold < 1.0:
+            raise ConfigError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
+        drafter_dir = resolve_drafter_dir(target, drafter)
+        target_dir = Path(target) if target is not None else DEFAULT_TARGET
+        self.target = load_target(target_dir, dtype)
+        self.drafter = load_drafter(drafter_dir, self.target, mode=mode, block_size=block_size) \
+            if drafter_dir is not None else None
+        self.tokenizer = Tokenizer(target_dir) if (target_dir / "tokenizer.json").is_file() else None
+        self.max_batch = max_batch
+        self.confidence_threshold = confidence_threshold
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids = set(self.target.config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return frozenset(ids)
+
+    def _need_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise RequestError(f"{self.target.source_dir} has no tokenizer.json; pass prompt_token_ids")
+        return self.tokenizer
+
+    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        tok = self._need_tokenizer()
+        return tok.encode_chat([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
+
+    def generate(self, prompts: str | list[str] | None = None, sampling_params: SamplingParams | None = None,
+                 prompt_token_ids: list[list[int]] | None = None, chat: bool = False) -> list[RequestOutput]:
+        params = sampling_params or SamplingParams()
+        if (prompts is None) == (prompt_token_ids is None):
+            raise RequestError("pass exactly one of prompts or prompt_token_ids")
+        if prompts is not None:
+            prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+            prompt_token_ids = [self.encode(p, chat) for p in prompts]
+        for i, ids in enumerate(prompt_token_ids):
+            if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) for t in ids):
+                raise RequestError(f"prompt_token_ids[{i}] must be a list of ints")
+        return [self._one(list(ids), params) for ids in prompt_token_ids]
+
+    def _one(self, prompt_ids: list[int], params: SamplingParams) -> RequestOutput:
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
+        stop = StopCriteria(frozenset() if params.ignore_eos else self._eos_ids(), params.stop or (), decode)
+        gen: Generation = generate_one(self.target, prompt_ids, params, self.drafter, stop,
+                                       self.confidence_threshold)
+        text = decode(gen.token_ids) if decode is not None else ""
+        for s in params.stop or ():
+            if s in text:
+                text = text[: text.index(s)]
+        return RequestOutput(prompt_ids, gen.token_ids, text, gen.acceptance_lengths, gen.finish_reason,
+                             gen.prefill_s, gen.decode_s)

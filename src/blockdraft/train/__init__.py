@@ -1,0 +1,1 @@
+"""Drafter distillation (teacher = the target's own greedy continuations)."""

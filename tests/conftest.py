@@ -1,0 +1,45 @@
+"""Shared fixtures: the tiny shipped checkpoints (bf16 on disk, fp32 in memory) and golden files."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import blockdraft
+from blockdraft.loading import load_drafter, load_target
+
+ASSETS = Path(blockdraft.__file__).parent / "assets" / "tiny"
+GOLDENS = Path(__file__).parent / "goldens"
+DRAFTER_NAMES = ("dflash", "dflash-sliding", "dflash2", "dspark")
+
+torch.set_num_threads(2)
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "scripts" / "goldens"))
+from common import fixture_digest  # noqa: E402  (the generators' own digest: one definition)
+
+
+@pytest.fixture(scope="session")
+def target():
+    return load_target(ASSETS / "target-qwen3")
+
+
+@pytest.fixture(scope="session")
+def drafters(target):
+    return {name: load_drafter(ASSETS / name, target) for name in DRAFTER_NAMES}
+
+
+def load_golden(name: str) -> dict:
+    """A golden file, refusing to compare against weights it was not generated from."""
+    golden = json.loads((GOLDENS / name).read_text())
+    for fixture, digest in golden["digests"].items():
+        assert fixture_digest(fixture) == digest, (
+            f"{name} was generated from other {fixture} weights; run scripts/goldens/regen.sh")
+    return golden
+
+
+def random_prompts(n: int, seed: int, vocab: int = 124, low: int = 3, high: int = 30) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(low, high, (n,), generator=g)
+    return [torch.randint(0, vocab, (int(k),), generator=g).tolist() for k in lengths]

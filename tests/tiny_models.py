@@ -1,0 +1,34 @@
+"""In-memory random models with a very small vocabulary (for distribution tests)."""
+
+from functools import lru_cache
+
+import torch
+
+from blockdraft.config import DrafterConfig, TargetConfig
+from blockdraft.models.drafter import BlockDrafter
+from blockdraft.models.target import TargetModel
+
+VOCAB = 8
+
+
+@lru_cache(maxsize=None)
+def tiny_pair(kind: str) -> tuple[TargetModel, BlockDrafter]:
+    torch.manual_seed(42)
+    tcfg = TargetConfig(architecture="qwen3", vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_layers=2,
+                        num_heads=2, num_kv_heads=1, head_dim=16, qk_norm=True, max_position_embeddings=64)
+    target = TargetModel(tcfg)
+    extra = {}
+    if kind == "dspark":
+        extra = dict(markov_rank=4, enable_confidence_head=True)
+    if kind == "dflash2":
+        extra = dict(conv_kernel_size=2, conv_group_size=8, selector_top_k=4, selector_rank=4)
+    dcfg = DrafterConfig(kind=kind, vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_layers=1,
+                         num_heads=2, num_kv_heads=1, head_dim=16, target_layer_ids=(0, 1), mask_token_id=VOCAB - 1,
+                         block_size=3 if kind != "dspark" else 2, shift_label=kind == "dspark",
+                         layer_types=("full_attention",), **extra)
+    drafter = BlockDrafter(dcfg, target)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if "base_kernel" in name:
+                p.normal_(0, 0.1)
+    return target.eval().requires_grad_(False), drafter.eval().requires_grad_(False)
