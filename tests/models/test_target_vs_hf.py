@@ -101,7 +101,8 @@ def test_greedy_continuation_matches_transformers_generate(pair):
     hf, ours, _ = pair
     prompt = torch.randint(0, BASE["vocab_size"], (1, 9), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
-        ref = hf.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0,
-                          min_new_tokens=24)[0, 9:].tolist()
+        hf.generation_config.eos_token_id = None  # EOS is an ordinary token here, as with ignore_eos
+        ref = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=24, do_sample=False,
+                          pad_token_id=0)[0, 9:].tolist()
     got = generate_one(ours, prompt[0].tolist(), SamplingParams(max_tokens=24, ignore_eos=True)).token_ids
     assert got == ref

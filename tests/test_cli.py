@@ -1,0 +1,65 @@
+"""`blockdraft generate` end to end (in-process `main` and one real subprocess)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from blockdraft.cli import main
+from blockdraft.decode import generate_one
+from blockdraft.sampling.params import SamplingParams
+from conftest import ASSETS
+
+
+def run_json(capsys, *args) -> dict:
+    assert main(["generate", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_generate_json_matches_library(capsys, target, drafters):
+    out = run_json(capsys, "--prompt-ids", "5,6,7,8,9", "--max-new-tokens", "20", "--drafter", "dspark",
+                   "--ignore-eos")
+    ref = generate_one(target, [5, 6, 7, 8, 9], SamplingParams(max_tokens=20), drafters["dspark"])
+    assert out["token_ids"] == ref.token_ids and out["acceptance_lengths"] == ref.acceptance_lengths
+    assert set(out["timing"]) >= {"prefill_s", "decode_s", "tokens_per_s"} and out["drafter"] == "dspark"
+
+
+def test_generate_without_drafter_is_autoregressive(capsys, target):
+    out = run_json(capsys, "--target", str(ASSETS / "target-qwen3"), "--prompt", "Hello", "--max-new-tokens", "12",
+                   "--ignore-eos")
+    assert out["acceptance_lengths"] == [] and len(out["token_ids"]) == 12
+    assert out["drafter"] is None
+
+
+def test_chat_prompt_uses_template(capsys):
+    plain = run_json(capsys, "--prompt", "hi", "--max-new-tokens", "4", "--drafter", "none", "--ignore-eos")
+    chat = run_json(capsys, "--prompt", "hi", "--chat", "--max-new-tokens", "4", "--drafter", "none", "--ignore-eos")
+    assert plain["token_ids"] != chat["token_ids"] or plain["text"] != chat["text"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prompt-ids", "1,2", "--max-new-tokens", "0"], "max_tokens must be a positive integer"),
+    (["--prompt-ids", "1,2", "--temperature", "-1"], "temperature must be >= 0"),
+    (["--prompt-ids", "1,2", "--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--prompt-ids", "1,999"], "outside the vocabulary"),
+    (["--prompt-ids", "1,2", "--max-new-tokens", "600"], "exceeds the context length"),
+    (["--prompt-ids", "1,2", "--drafter", "/nonexistent/drafter"], "missing file: /nonexistent/drafter/config.json"),
+    (["--prompt-ids", "1,2", "--target", "/nonexistent"], "missing file: /nonexistent/config.json"),
+    (["--prompt-ids", "1,2", "--drafter", "dspark", "--mode", "dflash"], "'dspark' mode"),
+])
+def test_user_errors_are_one_line_exit_2(capsys, args, message):
+    assert main(["generate", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_console_script_subprocess():
+    """The installed entry point works as a real process (exit code 2 on a user error)."""
+    ok = subprocess.run([sys.executable, "-m", "blockdraft.cli", "generate", "--prompt", "ab", "--max-new-tokens",
+                         "5", "--json"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert len(json.loads(ok.stdout)["token_ids"]) <= 5
+    bad = subprocess.run([sys.executable, "-m", "blockdraft.cli", "generate", "--prompt-ids", "x"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "comma-separated integers" in bad.stderr
