@@ -104,10 +104,14 @@ class DrafterLayer(nn.Module):
         else:
             self.attention_conv = self.mlp_conv = None
 
-    def visibility(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
-        if not self.causal and self.window is None:
-            return None  # full non-causal layer: every context and block row is visible
-        return causal_visibility(q_pos, k_pos, self.window, self.causal)
+    def visibility(self, q_pos: torch.Tensor, k_pos: torch.Tensor, k_valid: torch.Tensor | None
+                   ) -> torch.Tensor | None:
+        """[b, 1, rows, keys] or None (everything visible). k_valid marks real keys in ragged batches."""
+        visible = None if k_valid is None else k_valid[:, None, None, :]
+        if self.causal or self.window is not None:
+            rule = causal_visibility(q_pos, k_pos, self.window, self.causal)
+            visible = rule if visible is None else visible & rule
+        return visible
 
     def forward(self, x, cos, sin, ctx_k, ctx_v, visible):
         h = self.input_layernorm(x)
@@ -216,32 +220,40 @@ class BlockDrafter(nn.Module):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def extend_context(self, taps: torch.Tensor, cache: KVCache) -> None:
-        """Commit context rows: taps [b, n, taps*H] of tokens at positions cache.length.. ."""
+    def extend_context(self, taps: torch.Tensor, cache) -> None:
+        """Commit context rows: taps [b, n, taps*H] of committed tokens. `cache` is a KVCache
+        (rows go at cache.length..) or a paged step view whose positions/slots say where."""
         b, n, _ = taps.shape
         if n == 0:
             return
-        start = cache.length
-        cache.reserve(start + n)
+        step = cache.begin(n) if isinstance(cache, KVCache) else cache
         ctx = self.hidden_norm(self.fc(taps.to(self.dtype)))
-        positions = torch.arange(start, start + n, device=taps.device).expand(b, n)
-        cos, sin = self.rotary.cos_sin(positions, self.dtype)
+        cos, sin = self.rotary.cos_sin(step.positions, self.dtype)
         for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.context_kv(ctx, cos, sin)
-            cache.write(i, start, k, v)
-        cache.truncate(start + n)
+            step.kv(i, *layer.self_attn.context_kv(ctx, cos, sin))
+        if isinstance(cache, KVCache):
+            cache.truncate(step.end)
 
-    def block_hidden(self, anchor: torch.Tensor, rows: int, cache: KVCache) -> torch.Tensor:
-        """Final hidden [b, rows, D] of the block [anchor, mask × (rows-1)] at positions cache.length.. ."""
+    def block_hidden(self, anchor: torch.Tensor, rows: int, cache,
+                     block_valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden [b, rows, D] of the block [anchor, mask × (rows-1)] at each row's anchor position.
+
+        `cache` is a KVCache or a `ContextRead` (ragged batches); `block_valid` [b, rows] masks block
+        rows a shorter block does not have (its keys must not be seen by the other slots).
+        """
+        ctx = cache.context() if isinstance(cache, KVCache) else cache
         b = anchor.shape[0]
-        start = cache.length
         ids = torch.full((b, rows), self.config.mask_token_id, dtype=torch.long, device=anchor.device)
         ids[:, 0] = anchor
         x = self.embed(ids)
-        q_pos = torch.arange(start, start + rows, device=anchor.device).expand(b, rows)
-        k_pos = torch.arange(start + rows, device=anchor.device).expand(b, start + rows)
+        q_pos = ctx.start[:, None] + torch.arange(rows, device=anchor.device)                # [b, rows]
+        k_pos = torch.cat([ctx.positions, q_pos], dim=1)
+        k_valid = None
+        if block_valid is not None or not bool(ctx.valid.all()):
+            bv = torch.ones_like(q_pos, dtype=torch.bool) if block_valid is None else block_valid
+            k_valid = torch.cat([ctx.valid, bv], dim=1)
         cos, sin = self.rotary.cos_sin(q_pos, x.dtype)
         for i, layer in enumerate(self.layers):
-            ctx_k, ctx_v = cache.k[i][:, :, :start], cache.v[i][:, :, :start]
-            x = layer(x, cos, sin, ctx_k, ctx_v, layer.visibility(q_pos, k_pos))
+            visible = layer.visibility(q_pos, k_pos, k_valid)
+            x = layer(x, cos, sin, ctx.keys[i], ctx.values[i], visible)
         return self.norm(x)

@@ -1,23 +1,41 @@
-"""Contiguous per-layer KV cache for the target, with rollback by length.
+"""KV storage behind one small interface, so contiguous and paged caches are interchangeable.
 
-K/V are written by absolute position and `length` says what is valid, so a
-rejected draft is simply overwritten by the next step: rollback is
-`truncate(n)`, O(1), no copy. The paged cache of the batch engine implements the
-same three methods (`write`, `keys_values`, `truncate`).
+A forward pass asks its cache for a *step view* of the rows it is about to add:
+`positions` [batch, t] (absolute), `visible` [batch, 1, t, keys] and `kv(layer, k, v)`,
+which stores the new rows and returns every key/value the rows may attend to.
+K/V are written by absolute position and a length says what is valid, so a rejected
+draft is simply overwritten by the next step: rollback is `truncate(n)`, O(1).
+
+`KVCache` is the contiguous single-stream cache; `cache/paged.py` holds the paged
+batch version with the same `StepView` shape.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from ..layers.attention import causal_visibility
+
+
+@dataclass
+class ContextRead:
+    """Committed K/V a block attends to (the drafter's context)."""
+
+    keys: list[torch.Tensor]     # per layer [b, hkv, C, d]
+    values: list[torch.Tensor]   # per layer [b, hkv, C, d]
+    positions: torch.Tensor      # [b, C] absolute positions of the context rows
+    valid: torch.Tensor          # [b, C] False for padding (ragged batches)
+    start: torch.Tensor          # [b] position of each row's anchor (= its context length)
 
 
 class KVCache:
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu", capacity: int = 256):
-        self.num_layers = num_layers
-        self.shape = (batch, num_kv_heads, capacity, head_dim)
-        self.k = [torch.zeros(self.shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(self.shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        shape = (batch, num_kv_heads, capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.length = 0  # tokens whose K/V are committed
 
     @property
@@ -35,15 +53,37 @@ class KVCache:
                 grown[:, :, : old.shape[2]] = old
                 store[i] = grown
 
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k/v [b, hkv, t, d] at positions start..start+t-1; return all K/V up to there."""
-        end = start + k.shape[2]
-        self.k[layer][:, :, start:end] = k
-        self.v[layer][:, :, start:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+    def begin(self, t: int, causal: bool = True) -> "ContiguousStep":
+        """A view for t new rows at positions length..length+t-1 (not committed until truncate)."""
+        self.reserve(self.length + t)
+        return ContiguousStep(self, self.length, t, causal)
 
     def truncate(self, length: int) -> None:
         """Keep only positions [0, length): the accepted prefix."""
         if not 0 <= length <= self.capacity:
             raise ValueError(f"cannot truncate cache to length {length} (capacity {self.capacity})")
         self.length = length
+
+    def context(self) -> ContextRead:
+        """Everything committed, as the drafter's block reads it."""
+        b, n = self.k[0].shape[0], self.length
+        device = self.k[0].device
+        positions = torch.arange(n, device=device).expand(b, n)
+        return ContextRead([k[:, :, :n] for k in self.k], [v[:, :, :n] for v in self.v], positions,
+                           torch.ones(b, n, dtype=torch.bool, device=device),
+                           torch.full((b,), n, dtype=torch.long, device=device))
+
+
+class ContiguousStep:
+    def __init__(self, cache: KVCache, start: int, t: int, causal: bool):
+        self.cache, self.start, self.end = cache, start, start + t
+        b, device = cache.k[0].shape[0], cache.k[0].device
+        self.positions = torch.arange(start, self.end, device=device).expand(b, t)
+        k_pos = torch.arange(self.end, device=device).expand(b, self.end)
+        self.visible = causal_visibility(self.positions, k_pos) if causal else None
+
+    def kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k/v [b, hkv, t, d] at their positions; return all K/V up to the last new row."""
+        self.cache.k[layer][:, :, self.start:self.end] = k
+        self.cache.v[layer][:, :, self.start:self.end] = v
+        return self.cache.k[layer][:, :, :self.end], self.cache.v[layer][:, :, :self.end]

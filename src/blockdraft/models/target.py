@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..config import TargetConfig
-from ..layers.attention import attend, causal_visibility
+from ..layers.attention import attend
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary, apply_rope
 from .kv_cache import KVCache
@@ -34,7 +34,7 @@ class TargetAttention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, visible, cache: KVCache | None, layer: int, start: int):
+    def forward(self, x, cos, sin, step, layer: int):
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
@@ -44,9 +44,8 @@ class TargetAttention(nn.Module):
         q = apply_rope(q.transpose(1, 2), cos, sin)  # [b, h, t, d]
         k = apply_rope(k.transpose(1, 2), cos, sin)
         v = v.transpose(1, 2)
-        if cache is not None:
-            k, v = cache.write(layer, start, k, v)
-        return self.o_proj(attend(q, k, v, visible, self.head_dim ** -0.5))
+        k, v = step.kv(layer, k, v)
+        return self.o_proj(attend(q, k, v, step.visible, self.head_dim ** -0.5))
 
 
 class MLP(nn.Module):
@@ -70,8 +69,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, visible, cache, layer, start):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, visible, cache, layer, start)
+    def forward(self, x, cos, sin, step, layer):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, step, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -107,26 +106,25 @@ class TargetModel(nn.Module):
         c = self.config
         return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.dtype, self.device, capacity)
 
-    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None,
-                tap_layers: tuple[int, ...] = (), logits_rows: int | None = None) -> TargetOutput:
-        """input_ids [batch, seq] at positions cache.length.. (0 without a cache).
+    def forward(self, input_ids: torch.Tensor, cache=None, tap_layers: tuple[int, ...] = (),
+                logits_rows: int | None = None) -> TargetOutput:
+        """input_ids [batch, seq]. `cache` is a KVCache (rows go at cache.length..) or a step
+        view from a paged batch (positions and slots given); None = a fresh causal pass.
 
-        Writes K/V for every row into the cache but does not advance `cache.length`;
-        the caller commits what it accepts with `cache.truncate(n)`.
+        Writes K/V for every row but commits nothing: the caller keeps what it accepts
+        (`cache.truncate(n)`, or the block manager's lengths).
         """
         b, t = input_ids.shape
-        start = cache.length if cache is not None else 0
-        if cache is not None:
-            cache.reserve(start + t)
-        positions = torch.arange(start, start + t, device=input_ids.device).expand(b, t)
-        cos, sin = self.rotary.cos_sin(positions, self.dtype)
-        k_pos = torch.arange(start + t, device=input_ids.device).expand(b, start + t)
-        visible = causal_visibility(positions, k_pos)
+        step = cache.begin(t) if isinstance(cache, KVCache) else cache
+        if step is None:
+            step = KVCache(len(self.layers), b, self.config.num_kv_heads, self.config.head_dim, self.dtype,
+                           self.device, t).begin(t)
+        cos, sin = self.rotary.cos_sin(step.positions, self.dtype)
         x = self.embed_tokens(input_ids)
         taps = {}
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, visible, cache, i, start)
+            x = layer(x, cos, sin, step, i)
             if i in tap_layers and i != last:
                 taps[i] = x
         x = self.norm(x)
