@@ -107,7 +107,7 @@ class TargetModel(nn.Module):
         return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.dtype, self.device, capacity)
 
     def forward(self, input_ids: torch.Tensor, cache=None, tap_layers: tuple[int, ...] = (),
-                logits_rows: int | None = None) -> TargetOutput:
+                logits_rows: int | None = None, logits_at: torch.Tensor | None = None) -> TargetOutput:
         """input_ids [batch, seq]. `cache` is a KVCache (rows go at cache.length..) or a step
         view from a paged batch (positions and slots given); None = a fresh causal pass.
 
@@ -132,6 +132,8 @@ class TargetModel(nn.Module):
             taps[last] = x  # HF hidden_states[-1] is after the final norm
         if logits_rows is not None:
             x = x[:, -logits_rows:]
+        if logits_at is not None:
+            x = x[torch.arange(b, device=x.device), logits_at][:, None]
         packed = torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None
         return TargetOutput(self.lm_head(x), packed)
 

@@ -44,12 +44,30 @@ def propose(drafter: BlockDrafter, anchor: torch.Tensor, cache: KVCache, n_draft
             params: SamplingParams, generator: torch.Generator | None,
             confidence_threshold: float = 0.0) -> Proposal:
     """anchor [b] at position cache.length -> Proposal with at most n_drafts drafts."""
+    rows = block_rows(drafter, n_drafts)
+    hidden = drafter.block_hidden(anchor, rows, cache)
+    return choose_drafts(drafter, draft_slots(drafter, hidden, n_drafts), anchor, params, generator,
+                         confidence_threshold)
+
+
+def block_rows(drafter: BlockDrafter, n_drafts: int) -> int:
+    """Query rows of the drafter pass. shift_label: the block is always full (slot i predicts
+    start+i+1); otherwise slot 0 is the anchor and the block shrinks near the budget so
+    nothing past it is drafted (as dflash_generate does)."""
     cfg = drafter.config
-    # shift_label: slot i predicts start+i+1 and the block is always full; otherwise slot 0 is
-    # the anchor and the block shrinks near the budget so nothing past it is drafted.
-    first = 0 if cfg.shift_label else 1
-    rows = cfg.block_size if cfg.shift_label else n_drafts + 1
-    hidden = drafter.block_hidden(anchor, rows, cache)[:, first:first + n_drafts]   # [b, n, D]
+    return cfg.block_size if cfg.shift_label else n_drafts + 1
+
+
+def draft_slots(drafter: BlockDrafter, hidden: torch.Tensor, n_drafts: int) -> torch.Tensor:
+    """Block hidden [b, rows, D] -> the rows that predict drafts d_1..d_n [b, n, D]."""
+    first = 0 if drafter.config.shift_label else 1
+    return hidden[:, first:first + n_drafts]
+
+
+def choose_drafts(drafter: BlockDrafter, hidden: torch.Tensor, anchor: torch.Tensor, params: SamplingParams,
+                  generator: torch.Generator | None, confidence_threshold: float = 0.0) -> Proposal:
+    """Draft-slot hidden [b, n, D] -> tokens, by the drafter kind's rule."""
+    cfg = drafter.config
     logits = drafter.logits(hidden)                                                   # [b, n, V]
     if cfg.kind == "dflash":
         probs = None if params.greedy else sampling_probs(logits, params)

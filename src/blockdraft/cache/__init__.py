@@ -1,0 +1,1 @@
+"""Cache bookkeeping for the batch engine: capacity planning, block tables, paged pools."""

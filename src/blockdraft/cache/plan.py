@@ -1,0 +1,98 @@
+"""Capacity planning (DESIGN.md §5): how many target KV blocks fit a byte budget.
+
+Full-attention drafters keep one context row per committed token, so their KV is
+billed *per target block* before the target capacity is chosen, plus one
+query-spill block per batch row:
+
+    target_blocks = (budget - spill) // (target_bytes_per_block + drafter_bytes_per_block)
+    spill         = max_batch * drafter_bytes_per_block
+
+Sliding-window drafters keep a fixed ring of `window + block_size` rows per batch
+row instead. Python ints do not overflow; sizes beyond int64 are refused anyway,
+since they end up as tensor shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+INT64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    """Bytes of K+V per token for one model: 2 × layers × kv_heads × head_dim × dtype bytes."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+
+    def __post_init__(self):
+        for name in ("num_layers", "num_kv_heads", "head_dim", "dtype_bytes"):
+            _check_size(name, getattr(self, name))
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    block_size: int
+    num_blocks: int                    # target blocks (drafter pool mirrors them when full-attention)
+    target_bytes_per_block: int
+    drafter_bytes_per_block: int       # 0 without a full-attention drafter
+    spill_bytes: int                   # query-spill reserve (full attention) or the ring (sliding window)
+    ring_rows_per_batch_row: int       # sliding-window drafters only
+    total_bytes: int
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+def _check_size(name: str, value: int, allow_zero: bool = False) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+    if value > INT64_MAX:
+        raise ConfigError(f"{name}={value} is absurdly large (> int64)")
+
+
+def plan_cache(budget_bytes: int, block_size: int, max_batch: int, max_model_len: int, lookahead: int,
+               target: KVGeometry, drafter: KVGeometry | None = None, drafter_window: int | None = None,
+               drafter_block_size: int = 0) -> CachePlan:
+    """Choose the target block count for `budget_bytes`; refuse budgets that cannot hold one
+    maximum-length sequence (max_model_len + lookahead tokens)."""
+    for name, value in (("budget_bytes", budget_bytes), ("block_size", block_size), ("max_batch", max_batch),
+                        ("max_model_len", max_model_len)):
+        _check_size(name, value)
+    _check_size("lookahead", lookahead, allow_zero=True)
+    if max_model_len % block_size:
+        raise ConfigError(f"block_size={block_size} does not divide max_model_len={max_model_len}")
+    target_bpb = target.bytes_per_token * block_size
+    drafter_bpb = ring_rows = 0
+    if drafter is not None and drafter_window is None:
+        drafter_bpb = drafter.bytes_per_token * block_size
+        spill = max_batch * drafter_bpb
+    elif drafter is not None:
+        _check_size("drafter_window", drafter_window)
+        ring_rows = drafter_window + drafter_block_size
+        spill = max_batch * ring_rows * drafter.bytes_per_token
+    else:
+        spill = 0
+    if spill >= budget_bytes:
+        raise ConfigError(f"budget_bytes={budget_bytes} does not even cover the drafter reserve of {spill} bytes "
+                          f"(max_batch={max_batch})")
+    num_blocks = (budget_bytes - spill) // (target_bpb + drafter_bpb)
+    needed = -(-(max_model_len + lookahead) // block_size)
+    if num_blocks < needed:
+        raise ConfigError(f"budget_bytes={budget_bytes} holds {num_blocks} blocks of {block_size} tokens, but one "
+                          f"sequence of max_model_len={max_model_len} (+{lookahead} lookahead) needs {needed}")
+    _check_size("num_blocks", num_blocks)
+    total = spill + num_blocks * (target_bpb + drafter_bpb)
+    return CachePlan(block_size, num_blocks, target_bpb, drafter_bpb, spill, ring_rows, total)

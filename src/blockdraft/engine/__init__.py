@@ -1,0 +1,1 @@
+"""Continuous batching: the only place that knows about many requests at once."""

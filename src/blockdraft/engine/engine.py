@@ -1,0 +1,222 @@
+"""`LLMEngine`: requests in, committed tokens out, many sequences per step.
+
+    add_request(prompt_ids, params) -> request_id     abort(request_id)
+    step() -> [RequestOutput]      stream(request_id)   generate(prompts, params)
+
+Each step: the scheduler picks who prefills a chunk and who decodes (allocating
+k+1 slots each, preempting the youngest when the pool is dry); the runner does
+one batched propose → verify → accept; the engine commits, applies stops and
+budgets, frees finished sequences and records telemetry.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..cache.block_manager import BlockManager
+from ..cache.paged import PagedKVPool
+from ..cache.plan import CachePlan, KVGeometry, plan_cache
+from ..decode import check_request
+from ..errors import ConfigError, RequestError
+from ..models.drafter import BlockDrafter
+from ..models.target import TargetModel
+from ..sampling.params import SamplingParams
+from ..sampling.stops import StopCriteria
+from .runner import ModelRunner
+from .scheduler import Scheduler
+from .sequence import Sequence, Status
+from .telemetry import EngineStats
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_batch: int = 8
+    cache_budget_bytes: int = 64 * 2**20
+    block_size: int = 16
+    prefill_chunk: int = 256
+    prefix_caching: bool = True
+    confidence_threshold: float = 0.0
+    max_model_len: int | None = None       # default: the target's max_position_embeddings
+
+    def __post_init__(self):
+        if self.max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.prefill_chunk < 1:
+            raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]                 # all generated so far
+    new_token_ids: list[int]             # committed since the last output for this request
+    acceptance_lengths: list[int]
+    finished: bool
+    finish_reason: str | None
+
+
+def _dtype_bytes(model) -> int:
+    return next(model.parameters()).element_size()
+
+
+class LLMEngine:
+    def __init__(self, target: TargetModel, drafter: BlockDrafter | None = None,
+                 config: EngineConfig | None = None, eos_ids: frozenset[int] = frozenset(), decode=None):
+        self.config = config or EngineConfig()
+        self.target, self.drafter = target, drafter
+        self.eos_ids, self.decode_text = eos_ids, decode
+        tc = target.config
+        self.max_model_len = self.config.max_model_len or tc.max_position_embeddings
+        self.lookahead = drafter.config.num_draft_tokens if drafter is not None else 0
+        target_geo = KVGeometry(tc.num_layers, tc.num_kv_heads, tc.head_dim, _dtype_bytes(target))
+        drafter_geo = None
+        if drafter is not None:
+            dc = drafter.config
+            if any(dc.layer_window(i) for i in range(dc.num_layers)):
+                raise ConfigError("sliding-window drafters are not supported by the batch engine yet "
+                                  "(they need the ring cache); use generate_one or a full-attention drafter")
+            drafter_geo = KVGeometry(dc.num_layers, dc.num_kv_heads, dc.head_dim, _dtype_bytes(drafter))
+        self.plan: CachePlan = plan_cache(self.config.cache_budget_bytes, self.config.block_size,
+                                          self.config.max_batch, self.max_model_len, self.lookahead + 1,
+                                          target_geo, drafter_geo)
+        n, bs = self.plan.num_blocks, self.plan.block_size
+        self.blocks = BlockManager(n, bs, self.config.prefix_caching)
+        target_pool = PagedKVPool(tc.num_layers, n, bs, tc.num_kv_heads, tc.head_dim, target.dtype, target.device)
+        drafter_pool = None
+        if drafter is not None:
+            dc = drafter.config
+            drafter_pool = PagedKVPool(dc.num_layers, n, bs, dc.num_kv_heads, dc.head_dim, drafter.dtype,
+                                       target.device)
+        self.runner = ModelRunner(target, drafter, target_pool, drafter_pool, self.config.confidence_threshold)
+        self.scheduler = Scheduler(self.blocks, self.config.max_batch, self.lookahead, self.config.prefill_chunk)
+        self.seqs: dict[str, Sequence] = {}
+        self.stats = EngineStats(blocks_total=n, blocks_free=n)
+        self._ids = itertools.count()
+
+    # ---- requests -------------------------------------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        params = params or SamplingParams()
+        check_request(self.target, prompt_ids, params)
+        total = len(prompt_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise RequestError(f"prompt length {len(prompt_ids)} + max_tokens {params.max_tokens} exceeds "
+                               f"max_model_len={self.max_model_len}")
+        needed = self.blocks.blocks_for(total + self.lookahead + 1)
+        if needed > self.plan.num_blocks:
+            raise RequestError(f"request needs {needed} cache blocks but the budget holds {self.plan.num_blocks}")
+        order = next(self._ids)
+        rid = request_id or f"req-{order}"
+        if rid in self.seqs:
+            raise RequestError(f"request_id {rid!r} is already in use")
+        seq = Sequence(rid, list(prompt_ids), params, order, params.generator(self.target.device))
+        self.seqs[rid] = seq
+        self.scheduler.add(seq)
+        return rid
+
+    def abort(self, request_id: str) -> None:
+        seq = self.seqs.get(request_id)
+        if seq is not None and not seq.is_finished:
+            self._finish(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    # ---- the step -------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        prefill, decode = self.scheduler.schedule()
+        touched: list[Sequence] = []
+        if prefill:
+            for seq, first in zip(prefill, self.runner.prefill(prefill, self.config.prefill_chunk)):
+                if seq.num_computed == seq.prefill_end:
+                    seq.status = Status.DECODE
+                if first is not None:
+                    seq.first_token_time = time.perf_counter()
+                    self.stats.ttft_s.append(seq.first_token_time - seq.arrival_time)
+                    self._commit(seq, [first], step=None)
+                    touched.append(seq)
+        if decode:
+            n_drafts = [self.scheduler.drafts_for(s) for s in decode]
+            results = self.runner.decode(decode, n_drafts)
+            produced = [self._commit(seq, r.new_tokens, r) for seq, r in zip(decode, results)]
+            self.runner.commit_context([0 if s.is_finished else p for s, p in zip(decode, produced)])
+            for seq, p in zip(decode, produced):
+                if not seq.is_finished:
+                    seq.num_computed = len(seq.tokens) - 1
+                    self.blocks.register(seq.block_table, seq.tokens, seq.num_computed)
+            touched += decode
+        self.stats.steps += 1
+        self.stats.busy_s += time.perf_counter() - t0
+        self._refresh_gauges()
+        return [self._output(s) for s in touched]
+
+    def _commit(self, seq: Sequence, new: list[int], step) -> int:
+        """Append committed tokens, cut by budget and stops; returns how many were kept."""
+        keep = min(len(new), seq.max_length - len(seq.tokens))
+        before = len(seq.tokens)
+        seq.tokens.extend(new[:keep])
+        stop = StopCriteria(frozenset() if seq.params.ignore_eos else self.eos_ids, seq.params.stop or (),
+                            self.decode_text)
+        hit = stop.first_stop(seq.generated, before - seq.num_prompt)
+        if hit is not None:
+            del seq.tokens[seq.num_prompt + hit[0]:]
+        kept = len(seq.tokens) - before
+        seq.unread += kept
+        self.stats.spec.generated += kept
+        if step is not None and self.drafter is not None:
+            seq.acceptance_lengths.append(kept)
+            self.stats.spec.record_step(step.drafted, step.accepted, kept)
+        if hit is not None:
+            self._finish(seq, hit[1])
+        elif len(seq.tokens) >= seq.max_length:
+            self._finish(seq, "length")
+        return kept
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        seq.finish_time = time.perf_counter()
+        self.stats.requests_finished[reason] += 1
+        self._refresh_gauges()
+
+    def _refresh_gauges(self) -> None:
+        s = self.stats
+        s.num_waiting, s.num_running = len(self.scheduler.waiting), len(self.scheduler.running)
+        s.blocks_free = self.blocks.num_free
+        s.preemptions = self.scheduler.preemptions
+        s.prefix_hits, s.prefix_queries = self.blocks.hits, self.blocks.queries
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        gen = seq.generated
+        new = gen[len(gen) - seq.unread:] if seq.unread else []
+        seq.unread = 0
+        return RequestOutput(seq.request_id, seq.prompt_ids, list(gen), new, list(seq.acceptance_lengths),
+                             seq.is_finished, seq.finish_reason)
+
+    # ---- convenience ----------------------------------------------------------------------------------
+    def stream(self, request_id: str) -> Iterator[list[int]]:
+        """Yield this request's tokens as they are committed (driving the engine as needed)."""
+        seq = self.seqs[request_id]
+        while True:
+            if seq.unread:
+                yield self._output(seq).new_token_ids
+            if seq.is_finished:
+                return
+            self.step()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+                 ) -> list[RequestOutput]:
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        while any(not self.seqs[r].is_finished for r in ids):
+            self.step()
+        outs = []
+        for r in ids:
+            seq = self.seqs.pop(r)
+            outs.append(RequestOutput(r, seq.prompt_ids, seq.generated, [], seq.acceptance_lengths, True,
+                                      seq.finish_reason))
+        return outs

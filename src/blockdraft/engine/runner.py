@@ -1,0 +1,121 @@
+"""Batched model work for one engine step: prefill chunks, and propose → verify → accept.
+
+One drafter forward and one target forward cover every decoding sequence (ragged
+context lengths, padded blocks with masks). Token choice and acceptance are per
+sequence, each with its own generator, so seeded results do not depend on who
+else is in the batch. Returns what each sequence committed; the engine applies it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..cache.paged import PagedKVPool, PagedStep, context_read, pad_tables
+from ..models.drafter import BlockDrafter
+from ..models.target import TargetModel
+from ..sampling.probs import pick, sampling_probs
+from ..spec.propose import block_rows, choose_drafts, draft_slots
+from ..spec.verify import greedy_accept, rejection_accept
+from .sequence import Sequence
+
+
+@dataclass
+class StepResult:
+    new_tokens: list[int]      # accepted drafts + correction/bonus (not yet cut by stops/budget)
+    drafted: int
+    accepted: int
+
+
+class ModelRunner:
+    def __init__(self, target: TargetModel, drafter: BlockDrafter | None, target_pool: PagedKVPool,
+                 drafter_pool: PagedKVPool | None, confidence_threshold: float = 0.0):
+        self.target, self.drafter = target, drafter
+        self.target_pool, self.drafter_pool = target_pool, drafter_pool
+        self.taps = drafter.config.target_layer_ids if drafter is not None else ()
+        self.confidence_threshold = confidence_threshold
+
+    def _tables(self, seqs: list[Sequence]) -> torch.Tensor:
+        return pad_tables([s.block_table for s in seqs], self.target.device)
+
+    def _ids(self, rows: list[list[int]]) -> torch.Tensor:
+        width = max(len(r) for r in rows)
+        return torch.tensor([r + [0] * (width - len(r)) for r in rows], device=self.target.device)
+
+    @torch.inference_mode()
+    def prefill(self, seqs: list[Sequence], chunk: int) -> list[int | None]:
+        """Run the next prompt chunk of each sequence; returns the first sampled token for
+        sequences whose (fresh) prefill completed, None otherwise."""
+        tables = self._tables(seqs)
+        starts = [s.num_computed for s in seqs]
+        counts = [min(chunk, s.prefill_end - s.num_computed) for s in seqs]
+        ids = self._ids([s.tokens[a:a + c] for s, a, c in zip(seqs, starts, counts)])
+        step = PagedStep(self.target_pool, tables, starts, counts)
+        last = torch.tensor([c - 1 for c in counts], device=ids.device)
+        out = self.target(ids, step, self.taps, logits_at=last)
+        if self.drafter is not None:
+            self.drafter.extend_context(out.taps, PagedStep(self.drafter_pool, tables, starts, counts, attend=False))
+        firsts: list[int | None] = []
+        for i, (s, a, c) in enumerate(zip(seqs, starts, counts)):
+            s.num_computed = a + c
+            done_fresh = s.num_computed == s.prefill_end and not s.generated
+            firsts.append(int(pick(out.logits[i, 0], s.params, s.generator)) if done_fresh else None)
+        return firsts
+
+    @torch.inference_mode()
+    def decode(self, seqs: list[Sequence], n_drafts: list[int]) -> list[StepResult]:
+        device = self.target.device
+        tables = self._tables(seqs)
+        starts = [len(s.tokens) - 1 for s in seqs]                  # anchor positions
+        anchors = torch.tensor([s.tokens[-1] for s in seqs], device=device)
+        drafts = self._propose(seqs, tables, starts, anchors, n_drafts)
+        blocks = [[s.tokens[-1]] + d for s, d in zip(seqs, [p[0] for p in drafts])]
+        step = PagedStep(self.target_pool, tables, starts, [len(b) for b in blocks])
+        out = self.target(self._ids(blocks), step, self.taps)      # logits [b, 1 + max n, V]
+        results = []
+        for i, (s, block) in enumerate(zip(seqs, blocks)):
+            logits = out.logits[i, :len(block)]
+            d = torch.tensor(block[1:], dtype=torch.long, device=device)
+            if s.params.greedy:
+                accepted, nxt = greedy_accept(d, logits)
+            else:
+                target_probs = sampling_probs(logits, s.params)
+                q = drafts[i][1] if drafts[i][1] is not None else target_probs[:0]
+                accepted, nxt = rejection_accept(d, q, target_probs, s.generator)
+            results.append(StepResult(block[1:1 + accepted] + [nxt], len(block) - 1, accepted))
+        self._pending_taps = (out.taps, tables, starts)
+        return results
+
+    def _propose(self, seqs, tables, starts, anchors, n_drafts) -> list[tuple[list[int], torch.Tensor | None]]:
+        if self.drafter is None or max(n_drafts) == 0:
+            return [([], None) for _ in seqs]
+        rows = [block_rows(self.drafter, n) for n in n_drafts]
+        width = max(rows)
+        block_valid = None
+        if min(rows) != width:
+            block_valid = torch.arange(width, device=anchors.device)[None, :] < torch.tensor(rows)[:, None]
+        ctx = context_read(self.drafter_pool, tables, starts)
+        hidden = self.drafter.block_hidden(anchors, width, ctx, block_valid)     # [b, width, D]
+        proposals = []
+        for i, (s, n) in enumerate(zip(seqs, n_drafts)):
+            if n == 0:
+                proposals.append(([], None))
+                continue
+            p = choose_drafts(self.drafter, draft_slots(self.drafter, hidden[i:i + 1], n), anchors[i:i + 1],
+                              s.params, s.generator, self.confidence_threshold)
+            proposals.append((p.tokens[0].tolist(), None if p.draft_probs is None else p.draft_probs[0]))
+        return proposals
+
+    @torch.inference_mode()
+    def commit_context(self, produced: list[int]) -> None:
+        """Drafter context for the committed rows (anchor + accepted) of the last decode."""
+        if self.drafter is None:
+            return
+        taps, tables, starts = self._pending_taps
+        keep = [(i, n) for i, n in enumerate(produced) if n > 0]
+        if keep:
+            idx = [i for i, _ in keep]
+            step = PagedStep(self.drafter_pool, tables[idx], [starts[i] for i in idx], [n for _, n in keep],
+                             attend=False)
+            self.drafter.extend_context(taps[idx, :max(n for _, n in keep)], step)

@@ -1,0 +1,68 @@
+"""One request's state inside the engine.
+
+Invariant while decoding: `tokens` = prompt + generated; every token but the last
+(the anchor) has committed target KV and drafter context (`num_computed`).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..sampling.params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    order: int                               # admission priority: lower = older
+    generator: torch.Generator | None = None
+    tokens: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0                    # tokens with committed KV / drafter context
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    acceptance_lengths: list[int] = field(default_factory=list)
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0               # prompt tokens served by the prefix cache
+    unread: int = 0                          # generated tokens not yet handed to a stream
+
+    def __post_init__(self):
+        if not self.tokens:
+            self.tokens = list(self.prompt_ids)
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.num_prompt:]
+
+    @property
+    def max_length(self) -> int:
+        return self.num_prompt + self.params.max_tokens
+
+    @property
+    def prefill_end(self) -> int:
+        """Tokens the prefill must cover: the whole prompt, or (after preemption) all but the anchor."""
+        return len(self.tokens) - 1 if self.generated else len(self.tokens)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
