@@ -131,6 +131,8 @@ class LLMEngine:
         t0 = time.perf_counter()
         prefill, decode = self.scheduler.schedule()
         touched: list[Sequence] = []
+        for seq in self.scheduler.running:
+            seq.unread = 0
         if prefill:
             for seq, first in zip(prefill, self.runner.prefill(prefill, self.config.prefill_chunk)):
                 if seq.num_computed == seq.prefill_end:
@@ -170,7 +172,7 @@ class LLMEngine:
         self.stats.spec.generated += kept
         if step is not None and self.drafter is not None:
             seq.acceptance_lengths.append(kept)
-            self.stats.spec.record_step(step.drafted, step.accepted, kept)
+            self.stats.spec.record_step(step.drafted, min(step.accepted, kept), kept)
         if hit is not None:
             self._finish(seq, hit[1])
         elif len(seq.tokens) >= seq.max_length:
@@ -193,7 +195,6 @@ class LLMEngine:
     def _output(self, seq: Sequence) -> RequestOutput:
         gen = seq.generated
         new = gen[len(gen) - seq.unread:] if seq.unread else []
-        seq.unread = 0
         return RequestOutput(seq.request_id, seq.prompt_ids, list(gen), new, list(seq.acceptance_lengths),
                              seq.is_finished, seq.finish_reason)
 
@@ -201,9 +202,11 @@ class LLMEngine:
     def stream(self, request_id: str) -> Iterator[list[int]]:
         """Yield this request's tokens as they are committed (driving the engine as needed)."""
         seq = self.seqs[request_id]
+        sent = 0
         while True:
-            if seq.unread:
-                yield self._output(seq).new_token_ids
+            if len(seq.generated) > sent:
+                yield seq.generated[sent:]
+                sent = len(seq.generated)
             if seq.is_finished:
                 return
             self.step()

@@ -40,7 +40,7 @@ class Sequence:
     finish_time: float | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = 0               # prompt tokens served by the prefix cache
-    unread: int = 0                          # generated tokens not yet handed to a stream
+    unread: int = 0                          # tokens committed in the current step
 
     def __post_init__(self):
         if not self.tokens:

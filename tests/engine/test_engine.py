@@ -1,0 +1,135 @@
+"""Continuous batching reproduces single-stream decoding, under arrivals, aborts and preemption."""
+
+import random
+
+import pytest
+import torch
+
+from blockdraft.decode import generate_one
+from blockdraft.engine.engine import EngineConfig, LLMEngine
+from blockdraft.errors import RequestError
+from blockdraft.sampling.params import SamplingParams
+from conftest import random_prompts
+
+PROMPTS = random_prompts(32, seed=21, low=2, high=40)
+PARAMS = [SamplingParams(max_tokens=m) for m in random.Random(3).choices([1, 5, 17, 30], k=32)]
+TIGHT = EngineConfig(max_batch=8, cache_budget_bytes=260_000, block_size=8, max_model_len=72, prefill_chunk=16)
+
+
+@pytest.fixture(scope="module")
+def single_stream(target):
+    return [generate_one(target, p, sp).token_ids for p, sp in zip(PROMPTS, PARAMS)]
+
+
+@pytest.mark.parametrize("kind", [None, "dflash", "dflash2", "dspark"])
+def test_random_arrivals_aborts_and_preemption_match_single_stream(target, drafters, single_stream, kind):
+    engine = LLMEngine(target, drafters[kind] if kind else None, TIGHT)
+    rng = random.Random(kind or "ar")
+    pending = list(range(len(PROMPTS)))
+    rng.shuffle(pending)
+    ids, aborted = {}, set()
+    while pending or engine.has_unfinished():
+        for _ in range(rng.choice([0, 0, 1, 3])):       # random arrival times
+            if pending:
+                i = pending.pop()
+                ids[engine.add_request(PROMPTS[i], PARAMS[i])] = i
+        if rng.random() < 0.05 and ids:                  # random aborts
+            victim = rng.choice(sorted(ids))
+            engine.abort(victim)
+            aborted.add(victim)
+        engine.step()
+    assert engine.stats.preemptions > 0, "budget was meant to force preemption"
+    finished = 0
+    for rid, i in ids.items():
+        seq = engine.seqs[rid]
+        if rid in aborted and seq.finish_reason == "abort":
+            continue
+        assert seq.generated == single_stream[i], f"request {rid} (prompt {i}) differs"
+        finished += 1
+    assert finished >= 20
+    assert engine.blocks.num_free == engine.plan.num_blocks
+    assert all(r == 0 for r in engine.blocks.ref)
+    if kind:
+        assert engine.stats.spec.mean_acceptance_length > 1
+
+
+def test_seeded_sampling_is_batch_invariant(target, drafters):
+    params = [SamplingParams(max_tokens=20, temperature=0.9, top_p=0.95, seed=100 + i) for i in range(8)]
+    prompts = PROMPTS[:8]
+    cfg = EngineConfig(max_batch=8, cache_budget_bytes=2_000_000, block_size=8, max_model_len=72)
+    batched = LLMEngine(target, drafters["dspark"], cfg).generate(prompts, params)
+    for i in range(8):
+        alone = LLMEngine(target, drafters["dspark"], EngineConfig(max_batch=1, cache_budget_bytes=2_000_000,
+                                                                   block_size=8, max_model_len=72))
+        one = alone.generate([prompts[i]], params[i])[0]
+        assert one.token_ids == batched[i].token_ids
+
+
+def test_streaming_yields_tokens_as_committed(target, drafters):
+    engine = LLMEngine(target, drafters["dspark"], TIGHT)
+    rid = engine.add_request(PROMPTS[0], SamplingParams(max_tokens=25))
+    other = engine.add_request(PROMPTS[1], SamplingParams(max_tokens=25))
+    chunks = list(engine.stream(rid))
+    assert len(chunks) > 1 and sum(chunks, []) == engine.seqs[rid].generated
+    assert [len(c) for c in chunks[1:]] == engine.seqs[rid].acceptance_lengths
+    assert not engine.seqs[other].is_finished or engine.seqs[other].generated
+
+
+def test_prefix_cache_hits_change_nothing(target, drafters):
+    shared = list(range(3, 43))                                   # 40-token common prefix
+    first, second = shared + [50, 51], shared + [60, 61, 62]
+    params = SamplingParams(max_tokens=20)
+
+    def run(prefix_caching: bool):
+        cfg = EngineConfig(max_batch=4, cache_budget_bytes=2_000_000, block_size=8, max_model_len=72,
+                           prefix_caching=prefix_caching)
+        engine = LLMEngine(target, drafters["dspark"], cfg)
+        a = engine.generate([first], params)[0]
+        b = engine.generate([second], params)[0]
+        return engine, a, b
+
+    cached, a1, b1 = run(True)
+    plain, a0, b0 = run(False)
+    assert cached.stats.prefix_hits >= 5 and plain.stats.prefix_hits == 0
+    assert (a1.token_ids, b1.token_ids) == (a0.token_ids, b0.token_ids)
+    assert (a1.acceptance_lengths, b1.acceptance_lengths) == (a0.acceptance_lengths, b0.acceptance_lengths)
+
+
+def test_reused_blocks_never_match_stale_ids(target):
+    """Fill the pool with other requests so cached blocks are reallocated, then ask again."""
+    cfg = EngineConfig(max_batch=2, cache_budget_bytes=110_000, block_size=8, max_model_len=72)
+    engine = LLMEngine(target, None, cfg)
+    prompt = list(range(1, 41))
+    ref = engine.generate([prompt], SamplingParams(max_tokens=8))[0].token_ids
+    for i in range(6):                                           # churn every block
+        engine.generate([[(7 * i + j) % 120 for j in range(40)]], SamplingParams(max_tokens=20))
+    hits_before = engine.stats.prefix_hits
+    again = engine.generate([prompt], SamplingParams(max_tokens=8))[0].token_ids
+    assert again == ref
+    for block, key in enumerate(engine.blocks.block_key):      # every registered block maps back to itself
+        if key is not None and key[0] in engine.blocks.by_hash:
+            assert engine.blocks.by_hash[key[0]] == block
+    assert engine.stats.prefix_hits >= hits_before
+
+
+def test_admission_errors_name_the_limits(target):
+    engine = LLMEngine(target, None, TIGHT)
+    with pytest.raises(RequestError, match="max_model_len=72"):
+        engine.add_request(list(range(60)), SamplingParams(max_tokens=20))
+    with pytest.raises(RequestError, match="already in use"):
+        engine.add_request([1, 2], request_id="x")
+        engine.add_request([1, 2], request_id="x")
+
+
+def test_telemetry_counts(target, drafters):
+    engine = LLMEngine(target, drafters["dflash2"], TIGHT)
+    outs = engine.generate(PROMPTS[:6], SamplingParams(max_tokens=17))
+    snap = engine.stats.snapshot()
+    steps = sum(len(o.acceptance_lengths) for o in outs)
+    assert snap["verify_steps"] == steps == sum(snap["al_histogram"].values())
+    assert snap["generated"] == sum(len(o.token_ids) for o in outs)
+    # a step cut by max_tokens keeps fewer tokens than accepted drafts + 1
+    assert sum(sum(o.acceptance_lengths) - len(o.acceptance_lengths) for o in outs) <= snap["accepted"]
+    assert snap["accepted"] <= sum(sum(o.acceptance_lengths) for o in outs) and snap["accepted"] <= snap["drafted"]
+    assert len(snap["ttft_s"]) == 6 and snap["blocks_free"] == snap["blocks_total"]
+    assert all(0 <= r <= 1 for r in snap["per_position_acceptance"])
