@@ -50,7 +50,7 @@ def test_random_arrivals_aborts_and_preemption_match_single_stream(target, draft
     assert engine.blocks.num_free == engine.plan.num_blocks
     assert all(r == 0 for r in engine.blocks.ref)
     if kind:
-        assert engine.stats.spec.mean_acceptance_length > 1
+        assert engine.stats.spec.accepted > 0
 
 
 def test_seeded_sampling_is_batch_invariant(target, drafters):
@@ -82,7 +82,7 @@ def test_prefix_cache_hits_change_nothing(target, drafters):
 
     def run(prefix_caching: bool):
         cfg = EngineConfig(max_batch=4, cache_budget_bytes=2_000_000, block_size=8, max_model_len=72,
-                           prefix_caching=prefix_caching)
+                           prefix_caching=prefix_caching, adaptive_speculation=False)  # ALs compared: always draft
         engine = LLMEngine(target, drafters["dspark"], cfg)
         a = engine.generate([first], params)[0]
         b = engine.generate([second], params)[0]

@@ -25,6 +25,7 @@ from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
 from ..sampling.params import SamplingParams
 from ..sampling.stops import StopCriteria
+from .policy import SpeculationPolicy
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
@@ -40,6 +41,7 @@ class EngineConfig:
     prefix_caching: bool = True
     confidence_threshold: float = 0.0
     max_model_len: int | None = None       # default: the target's max_position_embeddings
+    adaptive_speculation: bool = True      # skip drafting (greedy only) when measured cost says it loses
 
     def __post_init__(self):
         if self.max_batch < 1:
@@ -93,6 +95,7 @@ class LLMEngine:
                                        target.device)
         self.runner = ModelRunner(target, drafter, target_pool, drafter_pool, self.config.confidence_threshold)
         self.scheduler = Scheduler(self.blocks, self.config.max_batch, self.lookahead, self.config.prefill_chunk)
+        self.policy = SpeculationPolicy(self.config.adaptive_speculation and drafter is not None)
         self.seqs: dict[str, Sequence] = {}
         self.stats = EngineStats(blocks_total=n, blocks_free=n)
         self._ids = itertools.count()
@@ -143,9 +146,13 @@ class LLMEngine:
                     self._commit(seq, [first], step=None)
                     touched.append(seq)
         if decode:
-            n_drafts = [self.scheduler.drafts_for(s) for s in decode]
+            drafting = self.policy.should_draft(len(decode))
+            n_drafts = [self.scheduler.drafts_for(s) if drafting or not s.params.greedy else 0 for s in decode]
+            t_decode = time.perf_counter()
             results = self.runner.decode(decode, n_drafts)
             produced = [self._commit(seq, r.new_tokens, r) for seq, r in zip(decode, results)]
+            self.policy.record(drafting, len(decode), time.perf_counter() - t_decode,
+                               sum(len(r.new_tokens) for r in results) / len(results))
             self.runner.commit_context([0 if s.is_finished else p for s, p in zip(decode, produced)])
             for seq, p in zip(decode, produced):
                 if not seq.is_finished:
