@@ -133,3 +133,20 @@ def test_telemetry_counts(target, drafters):
     assert snap["accepted"] <= sum(sum(o.acceptance_lengths) for o in outs) and snap["accepted"] <= snap["drafted"]
     assert len(snap["ttft_s"]) == 6 and snap["blocks_free"] == snap["blocks_total"]
     assert all(0 <= r <= 1 for r in snap["per_position_acceptance"])
+
+
+def test_confidence_threshold_in_batch_is_lossless(target, drafters, single_stream):
+    cfg = EngineConfig(max_batch=8, cache_budget_bytes=2_000_000, block_size=8, max_model_len=72,
+                       confidence_threshold=0.15)
+    outs = LLMEngine(target, drafters["dspark"], cfg).generate(PROMPTS[:10], PARAMS[:10])
+    assert [o.token_ids for o in outs] == single_stream[:10]
+
+
+def test_policy_skipping_drafts_keeps_greedy_output(target, drafters, single_stream):
+    engine = LLMEngine(target, drafters["dflash"], TIGHT)
+    engine.policy.cost.update({(True, b): 10.0 for b in range(1, 9)})   # pretend drafting is very slow
+    engine.policy.cost.update({(False, b): 1.0 for b in range(1, 9)})
+    engine.policy.mean_al = 1.5
+    outs = engine.generate(PROMPTS[:12], PARAMS[:12])
+    assert [o.token_ids for o in outs] == single_stream[:12]
+    assert engine.stats.spec.drafted < engine.stats.spec.verify_steps   # most steps did not draft

@@ -153,11 +153,13 @@ class LLMEngine:
             produced = [self._commit(seq, r.new_tokens, r) for seq, r in zip(decode, results)]
             self.policy.record(drafting, len(decode), time.perf_counter() - t_decode,
                                sum(len(r.new_tokens) for r in results) / len(results))
-            self.runner.commit_context([0 if s.is_finished else p for s, p in zip(decode, produced)])
-            for seq, p in zip(decode, produced):
+            self.runner.stash_context(decode, [0 if s.is_finished else p for s, p in zip(decode, produced)])
+            for seq in decode:
                 if not seq.is_finished:
                     seq.num_computed = len(seq.tokens) - 1
-                    self.blocks.register(seq.block_table, seq.tokens, seq.num_computed)
+                    # only blocks whose drafter context is written may be shared
+                    cached = seq.num_drafter_ctx if self.drafter is not None else seq.num_computed
+                    self.blocks.register(seq.block_table, seq.tokens, cached)
             touched += decode
         self.stats.steps += 1
         self.stats.busy_s += time.perf_counter() - t0

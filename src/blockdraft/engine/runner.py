@@ -16,8 +16,8 @@ from ..cache.paged import PagedKVPool, PagedStep, context_read, pad_tables
 from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
 from ..sampling.probs import pick, sampling_probs
-from ..spec.propose import block_rows, choose_drafts, draft_slots
-from ..spec.verify import greedy_accept, rejection_accept
+from ..spec.propose import block_rows, choose_drafts, confident_prefix, draft_slots
+from ..spec.verify import greedy_accept_ids, rejection_accept
 from .sequence import Sequence
 
 
@@ -58,7 +58,7 @@ class ModelRunner:
             self.drafter.extend_context(out.taps, PagedStep(self.drafter_pool, tables, starts, counts, attend=False))
         firsts: list[int | None] = []
         for i, (s, a, c) in enumerate(zip(seqs, starts, counts)):
-            s.num_computed = a + c
+            s.num_computed = s.num_drafter_ctx = a + c
             done_fresh = s.num_computed == s.prefill_end and not s.generated
             firsts.append(int(pick(out.logits[i, 0], s.params, s.generator)) if done_fresh else None)
         return firsts
@@ -69,17 +69,20 @@ class ModelRunner:
         tables = self._tables(seqs)
         starts = [len(s.tokens) - 1 for s in seqs]                  # anchor positions
         anchors = torch.tensor([s.tokens[-1] for s in seqs], device=device)
+        if max(n_drafts) > 0:
+            self.flush_context(seqs)
         drafts = self._propose(seqs, tables, starts, anchors, n_drafts)
         blocks = [[s.tokens[-1]] + d for s, d in zip(seqs, [p[0] for p in drafts])]
         step = PagedStep(self.target_pool, tables, starts, [len(b) for b in blocks])
         out = self.target(self._ids(blocks), step, self.taps)      # logits [b, 1 + max n, V]
         results = []
+        target_argmax = out.logits.argmax(-1).tolist()              # [b, 1 + max n]
         for i, (s, block) in enumerate(zip(seqs, blocks)):
             logits = out.logits[i, :len(block)]
-            d = torch.tensor(block[1:], dtype=torch.long, device=device)
             if s.params.greedy:
-                accepted, nxt = greedy_accept(d, logits)
+                accepted, nxt = greedy_accept_ids(block[1:], target_argmax[i])
             else:
+                d = torch.tensor(block[1:], dtype=torch.long, device=device)
                 target_probs = sampling_probs(logits, s.params)
                 q = drafts[i][1] if drafts[i][1] is not None else target_probs[:0]
                 accepted, nxt = rejection_accept(d, q, target_probs, s.generator)
@@ -97,25 +100,56 @@ class ModelRunner:
             block_valid = torch.arange(width, device=anchors.device)[None, :] < torch.tensor(rows)[:, None]
         ctx = context_read(self.drafter_pool, tables, starts)
         hidden = self.drafter.block_hidden(anchors, width, ctx, block_valid)     # [b, width, D]
-        proposals = []
+        proposals: list[tuple[list[int], torch.Tensor | None]] = [([], None) for _ in seqs]
+        # greedy rows: one batched choice (slot i only depends on slots < i, so the longest n serves all)
+        greedy = [i for i, (s, n) in enumerate(zip(seqs, n_drafts)) if n > 0 and s.params.greedy]
+        if greedy:
+            idx = torch.tensor(greedy, device=anchors.device)
+            n_max = max(n_drafts[i] for i in greedy)
+            p = choose_drafts(self.drafter, draft_slots(self.drafter, hidden[idx], n_max), anchors[idx],
+                              seqs[greedy[0]].params, None)
+            keep = confident_prefix(p, self.confidence_threshold)
+            tokens = p.tokens.tolist()
+            for row, i in enumerate(greedy):
+                proposals[i] = (tokens[row][:min(n_drafts[i], keep[row])], None)
+        # sampled rows: each with its own generator, so results do not depend on the batch
         for i, (s, n) in enumerate(zip(seqs, n_drafts)):
-            if n == 0:
-                proposals.append(([], None))
+            if n == 0 or s.params.greedy:
                 continue
             p = choose_drafts(self.drafter, draft_slots(self.drafter, hidden[i:i + 1], n), anchors[i:i + 1],
-                              s.params, s.generator, self.confidence_threshold)
-            proposals.append((p.tokens[0].tolist(), None if p.draft_probs is None else p.draft_probs[0]))
+                              s.params, s.generator)
+            p = p.truncated(min(n, confident_prefix(p, self.confidence_threshold)[0]))
+            proposals[i] = (p.tokens[0].tolist(), None if p.draft_probs is None else p.draft_probs[0])
         return proposals
 
-    @torch.inference_mode()
-    def commit_context(self, produced: list[int]) -> None:
-        """Drafter context for the committed rows (anchor + accepted) of the last decode."""
+    def stash_context(self, seqs: list[Sequence], produced: list[int]) -> None:
+        """Keep the taps of each sequence's committed rows (anchor + accepted) of the last decode.
+
+        They become drafter context lazily (`flush_context`): steps that do not draft never pay
+        for the drafter, and the context is complete again before the next drafting step.
+        """
         if self.drafter is None:
             return
-        taps, tables, starts = self._pending_taps
-        keep = [(i, n) for i, n in enumerate(produced) if n > 0]
-        if keep:
-            idx = [i for i, _ in keep]
-            step = PagedStep(self.drafter_pool, tables[idx], [starts[i] for i in idx], [n for _, n in keep],
-                             attend=False)
-            self.drafter.extend_context(taps[idx, :max(n for _, n in keep)], step)
+        taps = self._pending_taps[0]
+        for i, (seq, n) in enumerate(zip(seqs, produced)):
+            if n > 0:
+                seq.pending_taps.append(taps[i:i + 1, :n])
+
+    @torch.inference_mode()
+    def flush_context(self, seqs: list[Sequence]) -> None:
+        """Write pending taps as drafter context, one batched call for every sequence that has some."""
+        if self.drafter is None:
+            return
+        todo = [s for s in seqs if s.pending_taps]
+        if not todo:
+            return
+        rows = [torch.cat(s.pending_taps, dim=1) for s in todo]                    # each [1, n_i, F]
+        counts = [r.shape[1] for r in rows]
+        width = max(counts)
+        taps = torch.cat([torch.nn.functional.pad(r, (0, 0, 0, width - r.shape[1])) for r in rows])
+        step = PagedStep(self.drafter_pool, self._tables(todo), [s.num_drafter_ctx for s in todo], counts,
+                         attend=False)
+        self.drafter.extend_context(taps, step)
+        for s, n in zip(todo, counts):
+            s.num_drafter_ctx += n
+            s.pending_taps.clear()

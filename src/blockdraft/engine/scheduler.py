@@ -55,7 +55,7 @@ class Scheduler:
             if not self.blocks.allocate(seq.block_table, len(seq.tokens) + self.lookahead, hits):
                 break
             self.waiting.popleft()
-            seq.num_computed = len(hits) * self.blocks.block_size
+            seq.num_computed = seq.num_drafter_ctx = len(hits) * self.blocks.block_size
             if not seq.generated:
                 seq.num_cached_tokens = seq.num_computed
             seq.status = Status.PREFILL
@@ -64,7 +64,8 @@ class Scheduler:
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.blocks.release(seq.block_table)
-        seq.num_computed = 0
+        seq.num_computed = seq.num_drafter_ctx = 0
+        seq.pending_taps.clear()
         seq.status = Status.WAITING
         seq.num_preemptions += 1
         self.preemptions += 1

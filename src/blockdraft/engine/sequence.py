@@ -31,7 +31,9 @@ class Sequence:
     generator: torch.Generator | None = None
     tokens: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
-    num_computed: int = 0                    # tokens with committed KV / drafter context
+    num_computed: int = 0                    # tokens with committed target KV
+    num_drafter_ctx: int = 0                 # tokens with drafter context written (<= num_computed)
+    pending_taps: list = field(default_factory=list)  # taps of committed rows not yet drafter context
     status: Status = Status.WAITING
     finish_reason: str | None = None
     acceptance_lengths: list[int] = field(default_factory=list)

@@ -24,6 +24,10 @@ class Proposal:
     draft_probs: torch.Tensor | None      # [batch, n, vocab] what each draft was sampled from (None: greedy)
     confidence: torch.Tensor | None = None  # [batch, n] P(slot accepted), DSpark only
 
+    def truncated(self, n: int) -> "Proposal":
+        cut = (lambda t: None if t is None else t[:, :n])
+        return Proposal(self.tokens[:, :n], cut(self.draft_probs), cut(self.confidence))
+
 
 def markov_chain(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead, params: SamplingParams,
                  generator: torch.Generator | None):
@@ -46,8 +50,9 @@ def propose(drafter: BlockDrafter, anchor: torch.Tensor, cache: KVCache, n_draft
     """anchor [b] at position cache.length -> Proposal with at most n_drafts drafts."""
     rows = block_rows(drafter, n_drafts)
     hidden = drafter.block_hidden(anchor, rows, cache)
-    return choose_drafts(drafter, draft_slots(drafter, hidden, n_drafts), anchor, params, generator,
-                         confidence_threshold)
+    proposal = choose_drafts(drafter, draft_slots(drafter, hidden, n_drafts), anchor, params, generator)
+    keep = min(confident_prefix(proposal, confidence_threshold))
+    return proposal.truncated(keep) if keep < proposal.tokens.shape[1] else proposal
 
 
 def block_rows(drafter: BlockDrafter, n_drafts: int) -> int:
@@ -64,8 +69,16 @@ def draft_slots(drafter: BlockDrafter, hidden: torch.Tensor, n_drafts: int) -> t
     return hidden[:, first:first + n_drafts]
 
 
+def confident_prefix(proposal: Proposal, threshold: float) -> list[int]:
+    """Per row: drafts kept when the block is cut at the first slot with P(accept) < threshold."""
+    b, n = proposal.tokens.shape
+    if proposal.confidence is None or threshold <= 0:
+        return [n] * b
+    return (proposal.confidence >= threshold).int().cumprod(-1).sum(-1).tolist()
+
+
 def choose_drafts(drafter: BlockDrafter, hidden: torch.Tensor, anchor: torch.Tensor, params: SamplingParams,
-                  generator: torch.Generator | None, confidence_threshold: float = 0.0) -> Proposal:
+                  generator: torch.Generator | None) -> Proposal:
     """Draft-slot hidden [b, n, D] -> tokens, by the drafter kind's rule."""
     cfg = drafter.config
     logits = drafter.logits(hidden)                                                   # [b, n, V]
@@ -83,8 +96,4 @@ def choose_drafts(drafter: BlockDrafter, hidden: torch.Tensor, anchor: torch.Ten
     if cfg.enable_confidence_head:
         conf_logits = drafter.confidence_head(hidden, embeds if cfg.confidence_head_with_markov else None)
         confidence = torch.sigmoid(conf_logits)
-        if confidence_threshold > 0:
-            keep = int((confidence >= confidence_threshold).int().cumprod(-1).sum(-1).min())
-            tokens, probs, confidence = tokens[:, :keep], None if probs is None else probs[:, :keep], \
-                confidence[:, :keep]
     return Proposal(tokens, probs, confidence)

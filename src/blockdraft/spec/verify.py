@@ -14,10 +14,16 @@ from ..sampling.probs import sample_from
 
 def greedy_accept(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
     """drafts [n], target_logits [n+1, vocab] -> (accepted m, next token)."""
-    target_argmax = target_logits.argmax(dim=-1)                       # [n+1]
-    n = drafts.shape[0]
-    accepted = int((drafts == target_argmax[:n]).int().cumprod(0).sum()) if n else 0
-    return accepted, int(target_argmax[accepted])
+    return greedy_accept_ids(drafts.tolist(), target_logits.argmax(dim=-1).tolist())
+
+
+def greedy_accept_ids(drafts: list[int], target_argmax: list[int]) -> tuple[int, int]:
+    """Accept the longest prefix with d_i == argmax p_i; the next token is the target's argmax
+    right after it (a correction at the first mismatch, or the bonus after a full accept)."""
+    accepted = 0
+    while accepted < len(drafts) and drafts[accepted] == target_argmax[accepted]:
+        accepted += 1
+    return accepted, target_argmax[accepted]
 
 
 def rejection_accept(drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
