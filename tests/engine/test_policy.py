@@ -13,7 +13,8 @@ def test_explores_both_modes_then_picks_the_cheaper_per_token():
     policy.record(True, 8, seconds=1.2, tokens_per_seq=4.0)
     policy.cost[(True, 8)] = 1.2
     assert policy.should_draft(8)                        # now drafting pays
-    assert policy.should_draft(1)                        # other batch sizes are measured separately
+    assert policy.should_draft(16)                       # other batch sizes are measured separately
+    assert policy.should_draft(7)                        # 5..8 share the batch-8 estimate (drafting pays)
 
 
 def test_periodic_exploration_and_off_switch():

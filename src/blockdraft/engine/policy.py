@@ -20,9 +20,15 @@ class SpeculationPolicy:
         self.mean_al: float | None = None                    # tokens per sequence per drafting step
         self.steps: defaultdict[int, int] = defaultdict(int)
 
+    @staticmethod
+    def bucket(batch: int) -> int:
+        """Costs are pooled per power-of-two batch size, so estimates settle quickly."""
+        return 1 << (batch - 1).bit_length()
+
     def should_draft(self, batch: int) -> bool:
         if not self.enabled:
             return True
+        batch = self.bucket(batch)
         self.steps[batch] += 1
         spec, ar = self.cost.get((True, batch)), self.cost.get((False, batch))
         if spec is None or self.mean_al is None:
@@ -35,7 +41,7 @@ class SpeculationPolicy:
         return choice
 
     def record(self, drafting: bool, batch: int, seconds: float, tokens_per_seq: float) -> None:
-        key = (drafting, batch)
+        key = (drafting, self.bucket(batch))
         old = self.cost.get(key)
         self.cost[key] = seconds if old is None else old + self.smoothing * (seconds - old)
         if drafting:
