@@ -61,3 +61,15 @@ def test_import_is_light():
     code = "import sys, blockdraft; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip()
     assert out == "False"
+
+
+def test_batched_generate_equals_single_stream(llm):
+    from blockdraft.decode import generate_one
+    from conftest import random_prompts
+
+    prompts = random_prompts(10, seed=8)
+    params = blockdraft.SamplingParams(max_tokens=20, ignore_eos=True)
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params)
+    for p, o in zip(prompts, outs):
+        assert o.token_ids == generate_one(llm.target, p, params, llm.drafter).token_ids
+    assert llm.engine.blocks.num_free == llm.engine.plan.num_blocks

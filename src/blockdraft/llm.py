@@ -1,7 +1,10 @@
 """vLLM-style offline API: `LLM(target=..., drafter=...).generate(prompts, sampling_params)`.
 
 Owns the loaded models and the tokenizer; turns text into ids and ids back into
-text (cutting stop strings). Decoding itself is `decode.generate_one`.
+text (cutting stop strings). Prompts run through the batch engine (`max_batch`
+at a time, paged cache sized for them unless `cache_budget_bytes` is given).
+`adaptive_speculation` is off here so acceptance lengths always reflect drafting;
+turn it on to let the engine skip drafting where it measures a loss.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .decode import Generation, generate_one
+from .engine.engine import EngineConfig, LLMEngine
 from .errors import ConfigError, RequestError
 from .loading import load_drafter, load_target
 from .sampling.params import SamplingParams
@@ -57,7 +61,9 @@ def resolve_drafter_dir(target: str | Path | None, drafter: str | Path | None) -
 class LLM:
     def __init__(self, target: str | Path | None = None, drafter: str | Path | None = "default",
                  mode: str | None = None, dtype: str = "float32", max_batch: int = 8,
-                 block_size: int | None = None, confidence_threshold: float = 0.0):
+                 block_size: int | None = None, confidence_threshold: float = 0.0,
+                 cache_budget_bytes: int | None = None, max_model_len: int | None = None,
+                 prefix_caching: bool = True, adaptive_speculation: bool = False):
         if drafter == "default":
             drafter = "dspark" if target is None else None
         if max_batch < 1:
@@ -72,6 +78,28 @@ class LLM:
         self.tokenizer = Tokenizer(target_dir) if (target_dir / "tokenizer.json").is_file() else None
         self.max_batch = max_batch
         self.confidence_threshold = confidence_threshold
+        self.engine = None
+        if self.drafter is None or not any(self.drafter.config.layer_window(i)
+                                           for i in range(self.drafter.config.num_layers)):
+            max_len = max_model_len or min(self.target.config.max_position_embeddings, 4096)
+            budget = cache_budget_bytes or self._default_budget(max_len, max_batch)
+            self.engine = LLMEngine(self.target, self.drafter, EngineConfig(
+                max_batch=max_batch, cache_budget_bytes=budget, max_model_len=max_len,
+                prefix_caching=prefix_caching, confidence_threshold=confidence_threshold,
+                adaptive_speculation=adaptive_speculation), self._eos_ids(),
+                self.tokenizer.decode if self.tokenizer is not None else None)
+
+    def _default_budget(self, max_len: int, max_batch: int, block: int = 16) -> int:
+        """Room for `max_batch` sequences of `max_len` tokens (+ lookahead), target and drafter KV."""
+        def per_token(cfg, model):
+            return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * next(model.parameters()).element_size()
+        bytes_per_token = per_token(self.target.config, self.target)
+        lookahead = 0
+        if self.drafter is not None:
+            bytes_per_token += per_token(self.drafter.config, self.drafter)
+            lookahead = self.drafter.config.num_draft_tokens
+        tokens = (max_batch + 1) * (-(-(max_len + lookahead + 1) // block) + 1) * block
+        return tokens * bytes_per_token
 
     def _eos_ids(self) -> frozenset[int]:
         ids = set(self.target.config.eos_token_ids)
@@ -99,16 +127,25 @@ class LLM:
         for i, ids in enumerate(prompt_token_ids):
             if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) for t in ids):
                 raise RequestError(f"prompt_token_ids[{i}] must be a list of ints")
-        return [self._one(list(ids), params) for ids in prompt_token_ids]
+        if self.engine is None:  # sliding-window drafters: the single-stream loop
+            return [self._one(list(ids), params) for ids in prompt_token_ids]
+        outs = self.engine.generate([list(ids) for ids in prompt_token_ids], params)
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
+        return [RequestOutput(o.prompt_token_ids, o.token_ids, self._text(o.token_ids, params, decode),
+                              o.acceptance_lengths, o.finish_reason, o.prefill_s, o.decode_s) for o in outs]
+
+    @staticmethod
+    def _text(token_ids: list[int], params: SamplingParams, decode) -> str:
+        text = decode(token_ids) if decode is not None else ""
+        for s in params.stop or ():
+            if s in text:
+                text = text[: text.index(s)]
+        return text
 
     def _one(self, prompt_ids: list[int], params: SamplingParams) -> RequestOutput:
         decode = self.tokenizer.decode if self.tokenizer is not None else None
         stop = StopCriteria(frozenset() if params.ignore_eos else self._eos_ids(), params.stop or (), decode)
         gen: Generation = generate_one(self.target, prompt_ids, params, self.drafter, stop,
                                        self.confidence_threshold)
-        text = decode(gen.token_ids) if decode is not None else ""
-        for s in params.stop or ():
-            if s in text:
-                text = text[: text.index(s)]
-        return RequestOutput(prompt_ids, gen.token_ids, text, gen.acceptance_lengths, gen.finish_reason,
+        return RequestOutput(prompt_ids, gen.token_ids, self._text(gen.token_ids, params, decode), gen.acceptance_lengths, gen.finish_reason,
                              gen.prefill_s, gen.decode_s)

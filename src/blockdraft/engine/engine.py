@@ -59,6 +59,8 @@ class RequestOutput:
     acceptance_lengths: list[int]
     finished: bool
     finish_reason: str | None
+    prefill_s: float = 0.0               # arrival -> first token (includes queueing)
+    decode_s: float = 0.0                # first token -> finish
 
 
 def _dtype_bytes(model) -> int:
@@ -229,6 +231,7 @@ class LLMEngine:
         outs = []
         for r in ids:
             seq = self.seqs.pop(r)
+            first = seq.first_token_time or seq.finish_time
             outs.append(RequestOutput(r, seq.prompt_ids, seq.generated, [], seq.acceptance_lengths, True,
-                                      seq.finish_reason))
+                                      seq.finish_reason, first - seq.arrival_time, seq.finish_time - first))
         return outs
