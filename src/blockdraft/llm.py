@@ -12,12 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .decode import Generation, generate_one
 from .engine.engine import EngineConfig, LLMEngine
 from .errors import ConfigError, RequestError
 from .loading import load_drafter, load_target
 from .sampling.params import SamplingParams
-from .sampling.stops import StopCriteria
 from .tokenizer import Tokenizer
 
 ASSETS = Path(__file__).parent / "assets" / "tiny"
@@ -78,16 +76,13 @@ class LLM:
         self.tokenizer = Tokenizer(target_dir) if (target_dir / "tokenizer.json").is_file() else None
         self.max_batch = max_batch
         self.confidence_threshold = confidence_threshold
-        self.engine = None
-        if self.drafter is None or not any(self.drafter.config.layer_window(i)
-                                           for i in range(self.drafter.config.num_layers)):
-            max_len = max_model_len or min(self.target.config.max_position_embeddings, 4096)
-            budget = cache_budget_bytes or self._default_budget(max_len, max_batch)
-            self.engine = LLMEngine(self.target, self.drafter, EngineConfig(
-                max_batch=max_batch, cache_budget_bytes=budget, max_model_len=max_len,
-                prefix_caching=prefix_caching, confidence_threshold=confidence_threshold,
-                adaptive_speculation=adaptive_speculation), self._eos_ids(),
-                self.tokenizer.decode if self.tokenizer is not None else None)
+        max_len = max_model_len or min(self.target.config.max_position_embeddings, 4096)
+        budget = cache_budget_bytes or self._default_budget(max_len, max_batch)
+        self.engine = LLMEngine(self.target, self.drafter, EngineConfig(
+            max_batch=max_batch, cache_budget_bytes=budget, max_model_len=max_len,
+            prefix_caching=prefix_caching, confidence_threshold=confidence_threshold,
+            adaptive_speculation=adaptive_speculation), self._eos_ids(),
+            self.tokenizer.decode if self.tokenizer is not None else None)
 
     def _default_budget(self, max_len: int, max_batch: int, block: int = 16) -> int:
         """Room for `max_batch` sequences of `max_len` tokens (+ lookahead), target and drafter KV."""
@@ -99,7 +94,10 @@ class LLM:
             bytes_per_token += per_token(self.drafter.config, self.drafter)
             lookahead = self.drafter.config.num_draft_tokens
         tokens = (max_batch + 1) * (-(-(max_len + lookahead + 1) // block) + 1) * block
-        return tokens * bytes_per_token
+        ring = 0
+        if self.drafter is not None and self.drafter.config.sliding_window:
+            ring = max_batch * (self.drafter.config.sliding_window + self.drafter.config.block_size)
+        return (tokens + ring) * bytes_per_token
 
     def _eos_ids(self) -> frozenset[int]:
         ids = set(self.target.config.eos_token_ids)
@@ -127,8 +125,6 @@ class LLM:
         for i, ids in enumerate(prompt_token_ids):
             if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) for t in ids):
                 raise RequestError(f"prompt_token_ids[{i}] must be a list of ints")
-        if self.engine is None:  # sliding-window drafters: the single-stream loop
-            return [self._one(list(ids), params) for ids in prompt_token_ids]
         outs = self.engine.generate([list(ids) for ids in prompt_token_ids], params)
         decode = self.tokenizer.decode if self.tokenizer is not None else None
         return [RequestOutput(o.prompt_token_ids, o.token_ids, self._text(o.token_ids, params, decode),
@@ -141,11 +137,3 @@ class LLM:
             if s in text:
                 text = text[: text.index(s)]
         return text
-
-    def _one(self, prompt_ids: list[int], params: SamplingParams) -> RequestOutput:
-        decode = self.tokenizer.decode if self.tokenizer is not None else None
-        stop = StopCriteria(frozenset() if params.ignore_eos else self._eos_ids(), params.stop or (), decode)
-        gen: Generation = generate_one(self.target, prompt_ids, params, self.drafter, stop,
-                                       self.confidence_threshold)
-        return RequestOutput(prompt_ids, gen.token_ids, self._text(gen.token_ids, params, decode), gen.acceptance_lengths, gen.finish_reason,
-                             gen.prefill_s, gen.decode_s)

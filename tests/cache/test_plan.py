@@ -27,7 +27,7 @@ def test_plan_within_budget_and_bills_drafter(target, drafter, window, budget, b
     assert plan.total_bytes <= budget
     assert plan.num_blocks * plan.block_size >= max_len + lookahead        # one max-length sequence fits
     if drafter is not None and window is None:
-        # every target block carries a drafter block, plus one spill block per batch row
+        # every target block carries a drafter block, plus one query-spill block per batch row
         assert plan.drafter_bytes_per_block == drafter.bytes_per_token * block_size
         assert plan.spill_bytes == max_batch * plan.drafter_bytes_per_block
         assert plan.total_bytes == plan.spill_bytes + plan.num_blocks * (
@@ -42,6 +42,15 @@ def test_plan_within_budget_and_bills_drafter(target, drafter, window, budget, b
 
 TARGET = KVGeometry(30, 3, 64, 2)
 DRAFTER = KVGeometry(2, 3, 64, 2)
+
+
+def test_mixed_drafter_bills_both_parts():
+    ring = KVGeometry(1, 3, 64, 2)
+    plan = plan_cache(2**30, 16, 4, 1024, 8, TARGET, DRAFTER, drafter_window=64, drafter_block_size=8,
+                      drafter_ring=ring)
+    assert plan.spill_bytes == 4 * DRAFTER.bytes_per_token * 16 + 4 * (64 + 8) * ring.bytes_per_token
+    assert plan.total_bytes == plan.spill_bytes + plan.num_blocks * (plan.target_bytes_per_block
+                                                                     + plan.drafter_bytes_per_block)
 
 
 def test_exact_fit_and_one_byte_short():

@@ -150,3 +150,29 @@ def test_policy_skipping_drafts_keeps_greedy_output(target, drafters, single_str
     outs = engine.generate(PROMPTS[:12], PARAMS[:12])
     assert [o.token_ids for o in outs] == single_stream[:12]
     assert engine.stats.spec.drafted < engine.stats.spec.verify_steps   # most steps did not draft
+
+
+def test_sliding_window_drafter_uses_the_ring(target, drafters, single_stream):
+    """dflash-sliding: layer 0 windowed (ring of window + block rows), layer 1 full (paged mirror)."""
+    engine = LLMEngine(target, drafters["dflash-sliding"], TIGHT)
+    assert engine.runner.ring is not None and sorted(engine.runner.ring.k) == [0]
+    assert sorted(engine.runner.drafter_pool.k) == [1]
+    outs = engine.generate(PROMPTS[:16], PARAMS[:16])
+    assert [o.token_ids for o in outs] == single_stream[:16]
+    assert engine.stats.spec.accepted > 0
+    assert sorted(engine.runner.ring.free_rows) == list(range(TIGHT.max_batch))
+    assert engine.blocks.num_free == engine.plan.num_blocks
+
+
+def test_ring_acceptance_matches_single_stream(target, drafters):
+    """Same drafts as the full-context single-stream loop: the ring loses nothing inside the window."""
+    from blockdraft.decode import generate_one
+
+    cfg = EngineConfig(max_batch=1, cache_budget_bytes=2_000_000, block_size=8, max_model_len=72,
+                       adaptive_speculation=False)
+    engine = LLMEngine(target, drafters["dflash-sliding"], cfg)
+    for prompt in PROMPTS[:6]:
+        params = SamplingParams(max_tokens=30)
+        ref = generate_one(target, prompt, params, drafters["dflash-sliding"])
+        out = engine.generate([prompt], params)[0]
+        assert out.token_ids == ref.token_ids and out.acceptance_lengths == ref.acceptance_lengths

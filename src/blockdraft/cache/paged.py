@@ -16,12 +16,14 @@ from ..models.kv_cache import ContextRead
 
 
 class PagedKVPool:
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+    """K/V slots for the model layers listed in `layers` (a drafter's sliding layers live in a ring)."""
+
+    def __init__(self, layers: list[int], num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu"):
         self.block_size = block_size
         shape = (num_blocks * block_size, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
+        self.v = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
 
     def slots(self, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """tables [b, max_blocks], positions [b, t] -> flat slot ids [b, t]."""
@@ -42,12 +44,16 @@ def pad_tables(tables: list[list[int]], device: torch.device | str = "cpu") -> t
 
 
 class PagedStep:
-    """New rows of a ragged batch: row i has `counts[i]` tokens starting at position `starts[i]`."""
+    """New rows of a ragged batch: row i has `counts[i]` tokens starting at position `starts[i]`.
+
+    Layers the pool does not hold go to `ring` (a drafter's sliding-window layers), if given.
+    """
 
     def __init__(self, pool: PagedKVPool, tables: torch.Tensor, starts: list[int], counts: list[int],
-                 attend: bool = True):
+                 attend: bool = True, ring=None, ring_rows: list[int] | None = None):
         device = tables.device
         self.pool, self.tables = pool, tables
+        self.ring, self.ring_rows = ring, ring_rows
         t = max(counts)
         offsets = torch.arange(t, device=device)
         self.valid = offsets[None, :] < torch.tensor(counts, device=device)[:, None]          # [b, t]
@@ -64,6 +70,9 @@ class PagedStep:
     def kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the real rows of k/v [b, hkv, t, d]; return gathered K/V for positions 0..end-1."""
         keep = self.valid
+        if layer not in self.pool.k:
+            self.ring.write(layer, self.ring_rows, self.positions, keep, k, v)
+            return k, v
         self.pool.k[layer][self.slots[keep]] = k.transpose(1, 2)[keep]
         self.pool.v[layer][self.slots[keep]] = v.transpose(1, 2)[keep]
         if self.visible is None:
@@ -71,15 +80,20 @@ class PagedStep:
         return self.pool.gather(layer, self.tables, self.end)
 
 
-def context_read(pool: PagedKVPool, tables: torch.Tensor, lengths: list[int]) -> ContextRead:
-    """The drafter context of each row: committed rows 0..lengths[i]-1 (ragged, masked)."""
+def context_read(pool: PagedKVPool, tables: torch.Tensor, lengths: list[int], num_layers: int,
+                 ring=None, ring_rows: list[int] | None = None) -> ContextRead:
+    """The drafter context of each row: committed rows 0..lengths[i]-1 (ragged, masked) for paged
+    layers; the ring's recent rows for sliding-window layers."""
     device = tables.device
     b, c = len(lengths), max(lengths)
-    keys, values = zip(*(pool.gather(i, tables, c) for i in range(len(pool.k)))) if c else ([], [])
     positions = torch.arange(c, device=device).expand(b, c)
     valid = positions < torch.tensor(lengths, device=device)[:, None]
-    if c == 0:
-        keys = [torch.zeros(b, pool.k[i].shape[1], 0, pool.k[i].shape[2], dtype=pool.k[i].dtype, device=device)
-                for i in range(len(pool.k))]
-        values = keys
-    return ContextRead(list(keys), list(values), positions, valid, torch.tensor(lengths, device=device))
+    keys, values, pos, val = [], [], [], []
+    for layer in range(num_layers):
+        if layer in pool.k:
+            k, v = pool.gather(layer, tables, c)
+            keys.append(k), values.append(v), pos.append(positions), val.append(valid)
+        else:
+            k, v, p, ok = ring.read(layer, ring_rows)
+            keys.append(k), values.append(v), pos.append(p), val.append(ok)
+    return ContextRead(keys, values, pos, val, torch.tensor(lengths, device=device))

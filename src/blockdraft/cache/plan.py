@@ -65,9 +65,16 @@ def _check_size(name: str, value: int, allow_zero: bool = False) -> None:
 
 def plan_cache(budget_bytes: int, block_size: int, max_batch: int, max_model_len: int, lookahead: int,
                target: KVGeometry, drafter: KVGeometry | None = None, drafter_window: int | None = None,
-               drafter_block_size: int = 0) -> CachePlan:
+               drafter_block_size: int = 0, drafter_ring: KVGeometry | None = None) -> CachePlan:
     """Choose the target block count for `budget_bytes`; refuse budgets that cannot hold one
-    maximum-length sequence (max_model_len + lookahead tokens)."""
+    maximum-length sequence (max_model_len + lookahead tokens).
+
+    `drafter` is the full-attention part of the drafter (billed per block); `drafter_ring` its
+    sliding-window layers (a ring of window + block_size rows per batch row). A drafter whose
+    layers are all windowed may also be passed as `drafter` with `drafter_window` set.
+    """
+    if drafter is not None and drafter_window is not None and drafter_ring is None:
+        drafter, drafter_ring = None, drafter
     for name, value in (("budget_bytes", budget_bytes), ("block_size", block_size), ("max_batch", max_batch),
                         ("max_model_len", max_model_len)):
         _check_size(name, value)
@@ -75,16 +82,14 @@ def plan_cache(budget_bytes: int, block_size: int, max_batch: int, max_model_len
     if max_model_len % block_size:
         raise ConfigError(f"block_size={block_size} does not divide max_model_len={max_model_len}")
     target_bpb = target.bytes_per_token * block_size
-    drafter_bpb = ring_rows = 0
-    if drafter is not None and drafter_window is None:
+    drafter_bpb = ring_rows = spill = 0
+    if drafter is not None:
         drafter_bpb = drafter.bytes_per_token * block_size
-        spill = max_batch * drafter_bpb
-    elif drafter is not None:
+        spill += max_batch * drafter_bpb
+    if drafter_ring is not None:
         _check_size("drafter_window", drafter_window)
         ring_rows = drafter_window + drafter_block_size
-        spill = max_batch * ring_rows * drafter.bytes_per_token
-    else:
-        spill = 0
+        spill += max_batch * ring_rows * drafter_ring.bytes_per_token
     if spill >= budget_bytes:
         raise ConfigError(f"budget_bytes={budget_bytes} does not even cover the drafter reserve of {spill} bytes "
                           f"(max_batch={max_batch})")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ..cache.block_manager import BlockManager
 from ..cache.paged import PagedKVPool
+from ..cache.ring import DrafterRing
 from ..cache.plan import CachePlan, KVGeometry, plan_cache
 from ..decode import check_request
 from ..errors import ConfigError, RequestError
@@ -77,26 +78,38 @@ class LLMEngine:
         self.max_model_len = self.config.max_model_len or tc.max_position_embeddings
         self.lookahead = drafter.config.num_draft_tokens if drafter is not None else 0
         target_geo = KVGeometry(tc.num_layers, tc.num_kv_heads, tc.head_dim, _dtype_bytes(target))
-        drafter_geo = None
+        full_layers, ring_layers, full_geo, ring_geo, window = [], [], None, None, None
+        prefix_caching = self.config.prefix_caching
         if drafter is not None:
             dc = drafter.config
-            if any(dc.layer_window(i) for i in range(dc.num_layers)):
-                raise ConfigError("sliding-window drafters are not supported by the batch engine yet "
-                                  "(they need the ring cache); use generate_one or a full-attention drafter")
-            drafter_geo = KVGeometry(dc.num_layers, dc.num_kv_heads, dc.head_dim, _dtype_bytes(drafter))
+            ring_layers = [i for i in range(dc.num_layers) if dc.layer_window(i)]
+            full_layers = [i for i in range(dc.num_layers) if not dc.layer_window(i)]
+            size = _dtype_bytes(drafter)
+            if full_layers:
+                full_geo = KVGeometry(len(full_layers), dc.num_kv_heads, dc.head_dim, size)
+            if ring_layers:
+                ring_geo, window = KVGeometry(len(ring_layers), dc.num_kv_heads, dc.head_dim, size), dc.sliding_window
+                prefix_caching = False  # a ring holds one sequence's recent rows: nothing to share
         self.plan: CachePlan = plan_cache(self.config.cache_budget_bytes, self.config.block_size,
                                           self.config.max_batch, self.max_model_len, self.lookahead + 1,
-                                          target_geo, drafter_geo)
+                                          target_geo, full_geo, window,
+                                          drafter.config.block_size if drafter is not None else 0, ring_geo)
         n, bs = self.plan.num_blocks, self.plan.block_size
-        self.blocks = BlockManager(n, bs, self.config.prefix_caching)
-        target_pool = PagedKVPool(tc.num_layers, n, bs, tc.num_kv_heads, tc.head_dim, target.dtype, target.device)
-        drafter_pool = None
+        self.blocks = BlockManager(n, bs, prefix_caching)
+        target_pool = PagedKVPool(list(range(tc.num_layers)), n, bs, tc.num_kv_heads, tc.head_dim, target.dtype,
+                                  target.device)
+        drafter_pool = ring = None
         if drafter is not None:
             dc = drafter.config
-            drafter_pool = PagedKVPool(dc.num_layers, n, bs, dc.num_kv_heads, dc.head_dim, drafter.dtype,
-                                       target.device)
-        self.runner = ModelRunner(target, drafter, target_pool, drafter_pool, self.config.confidence_threshold)
-        self.scheduler = Scheduler(self.blocks, self.config.max_batch, self.lookahead, self.config.prefill_chunk)
+            drafter_pool = PagedKVPool(full_layers, n if full_layers else 0, bs, dc.num_kv_heads, dc.head_dim,
+                                       drafter.dtype, target.device)
+            if ring_layers:
+                ring = DrafterRing(ring_layers, self.config.max_batch, window, dc.block_size, dc.num_kv_heads,
+                                   dc.head_dim, drafter.dtype, target.device)
+        self.runner = ModelRunner(target, drafter, target_pool, drafter_pool, self.config.confidence_threshold,
+                                  ring)
+        self.scheduler = Scheduler(self.blocks, self.config.max_batch, self.lookahead, self.config.prefill_chunk,
+                                   ring)
         self.policy = SpeculationPolicy(self.config.adaptive_speculation and drafter is not None)
         self.seqs: dict[str, Sequence] = {}
         self.stats = EngineStats(blocks_total=n, blocks_free=n)

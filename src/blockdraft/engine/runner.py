@@ -30,14 +30,20 @@ class StepResult:
 
 class ModelRunner:
     def __init__(self, target: TargetModel, drafter: BlockDrafter | None, target_pool: PagedKVPool,
-                 drafter_pool: PagedKVPool | None, confidence_threshold: float = 0.0):
+                 drafter_pool: PagedKVPool | None, confidence_threshold: float = 0.0, ring=None):
         self.target, self.drafter = target, drafter
-        self.target_pool, self.drafter_pool = target_pool, drafter_pool
+        self.target_pool, self.drafter_pool, self.ring = target_pool, drafter_pool, ring
         self.taps = drafter.config.target_layer_ids if drafter is not None else ()
         self.confidence_threshold = confidence_threshold
 
     def _tables(self, seqs: list[Sequence]) -> torch.Tensor:
         return pad_tables([s.block_table for s in seqs], self.target.device)
+
+    def _drafter_step(self, seqs: list[Sequence], tables: torch.Tensor, starts: list[int],
+                      counts: list[int]) -> PagedStep:
+        """Where drafter context rows go: the mirrored paged pool, and the ring for sliding layers."""
+        return PagedStep(self.drafter_pool, tables, starts, counts, attend=False, ring=self.ring,
+                         ring_rows=[s.ring_row for s in seqs])
 
     def _ids(self, rows: list[list[int]]) -> torch.Tensor:
         width = max(len(r) for r in rows)
@@ -55,7 +61,7 @@ class ModelRunner:
         last = torch.tensor([c - 1 for c in counts], device=ids.device)
         out = self.target(ids, step, self.taps, logits_at=last)
         if self.drafter is not None:
-            self.drafter.extend_context(out.taps, PagedStep(self.drafter_pool, tables, starts, counts, attend=False))
+            self.drafter.extend_context(out.taps, self._drafter_step(seqs, tables, starts, counts))
         firsts: list[int | None] = []
         for i, (s, a, c) in enumerate(zip(seqs, starts, counts)):
             s.num_computed = s.num_drafter_ctx = a + c
@@ -98,7 +104,8 @@ class ModelRunner:
         block_valid = None
         if min(rows) != width:
             block_valid = torch.arange(width, device=anchors.device)[None, :] < torch.tensor(rows)[:, None]
-        ctx = context_read(self.drafter_pool, tables, starts)
+        ctx = context_read(self.drafter_pool, tables, starts, self.drafter.config.num_layers, self.ring,
+                           [s.ring_row for s in seqs])
         hidden = self.drafter.block_hidden(anchors, width, ctx, block_valid)     # [b, width, D]
         proposals: list[tuple[list[int], torch.Tensor | None]] = [([], None) for _ in seqs]
         # greedy rows: one batched choice (slot i only depends on slots < i, so the longest n serves all)
@@ -147,8 +154,7 @@ class ModelRunner:
         counts = [r.shape[1] for r in rows]
         width = max(counts)
         taps = torch.cat([torch.nn.functional.pad(r, (0, 0, 0, width - r.shape[1])) for r in rows])
-        step = PagedStep(self.drafter_pool, self._tables(todo), [s.num_drafter_ctx for s in todo], counts,
-                         attend=False)
+        step = self._drafter_step(todo, self._tables(todo), [s.num_drafter_ctx for s in todo], counts)
         self.drafter.extend_context(taps, step)
         for s, n in zip(todo, counts):
             s.num_drafter_ctx += n

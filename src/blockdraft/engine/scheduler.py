@@ -15,8 +15,8 @@ from .sequence import Sequence, Status
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, max_batch: int, lookahead: int, prefill_chunk: int):
-        self.blocks, self.max_batch = blocks, max_batch
+    def __init__(self, blocks: BlockManager, max_batch: int, lookahead: int, prefill_chunk: int, ring=None):
+        self.blocks, self.max_batch, self.ring = blocks, max_batch, ring
         self.lookahead, self.prefill_chunk = lookahead, prefill_chunk
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -59,11 +59,19 @@ class Scheduler:
             if not seq.generated:
                 seq.num_cached_tokens = seq.num_computed
             seq.status = Status.PREFILL
+            if self.ring is not None:
+                seq.ring_row = self.ring.acquire()
             self.running.append(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        self.blocks.release(seq.block_table)
+        if self.ring is not None:
+            self.ring.release(seq.ring_row)
+        seq.ring_row = None
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.blocks.release(seq.block_table)
+        self._release(seq)
         seq.num_computed = seq.num_drafter_ctx = 0
         seq.pending_taps.clear()
         seq.status = Status.WAITING
@@ -76,5 +84,5 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.blocks.release(seq.block_table)
+        self._release(seq)
         seq.status, seq.finish_reason = Status.FINISHED, reason

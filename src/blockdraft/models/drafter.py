@@ -247,13 +247,11 @@ class BlockDrafter(nn.Module):
         ids[:, 0] = anchor
         x = self.embed(ids)
         q_pos = ctx.start[:, None] + torch.arange(rows, device=anchor.device)                # [b, rows]
-        k_pos = torch.cat([ctx.positions, q_pos], dim=1)
-        k_valid = None
-        if block_valid is not None or not bool(ctx.valid.all()):
-            bv = torch.ones_like(q_pos, dtype=torch.bool) if block_valid is None else block_valid
-            k_valid = torch.cat([ctx.valid, bv], dim=1)
+        bv = torch.ones_like(q_pos, dtype=torch.bool) if block_valid is None else block_valid
         cos, sin = self.rotary.cos_sin(q_pos, x.dtype)
         for i, layer in enumerate(self.layers):
-            visible = layer.visibility(q_pos, k_pos, k_valid)
-            x = layer(x, cos, sin, ctx.keys[i], ctx.values[i], visible)
+            k_pos = torch.cat([ctx.positions[i], q_pos], dim=1)
+            all_valid = block_valid is None and bool(ctx.valid[i].all())
+            k_valid = None if all_valid else torch.cat([ctx.valid[i], bv], dim=1)
+            x = layer(x, cos, sin, ctx.keys[i], ctx.values[i], layer.visibility(q_pos, k_pos, k_valid))
         return self.norm(x)

@@ -21,13 +21,17 @@ from ..layers.attention import causal_visibility
 
 @dataclass
 class ContextRead:
-    """Committed K/V a block attends to (the drafter's context)."""
+    """Committed K/V a block attends to (the drafter's context), per drafter layer.
 
-    keys: list[torch.Tensor]     # per layer [b, hkv, C, d]
-    values: list[torch.Tensor]   # per layer [b, hkv, C, d]
-    positions: torch.Tensor      # [b, C] absolute positions of the context rows
-    valid: torch.Tensor          # [b, C] False for padding (ragged batches)
-    start: torch.Tensor          # [b] position of each row's anchor (= its context length)
+    Layers may hold different rows (a sliding-window layer keeps a ring of recent rows),
+    so positions and validity are per layer too.
+    """
+
+    keys: list[torch.Tensor]       # per layer [b, hkv, C_l, d]
+    values: list[torch.Tensor]     # per layer [b, hkv, C_l, d]
+    positions: list[torch.Tensor]  # per layer [b, C_l] absolute positions of the rows
+    valid: list[torch.Tensor]      # per layer [b, C_l] False for padding / empty ring slots
+    start: torch.Tensor            # [b] position of each row's anchor (= its context length)
 
 
 class KVCache:
@@ -69,9 +73,10 @@ class KVCache:
         b, n = self.k[0].shape[0], self.length
         device = self.k[0].device
         positions = torch.arange(n, device=device).expand(b, n)
-        return ContextRead([k[:, :, :n] for k in self.k], [v[:, :, :n] for v in self.v], positions,
-                           torch.ones(b, n, dtype=torch.bool, device=device),
-                           torch.full((b,), n, dtype=torch.long, device=device))
+        valid = torch.ones(b, n, dtype=torch.bool, device=device)
+        layers = len(self.k)
+        return ContextRead([k[:, :, :n] for k in self.k], [v[:, :, :n] for v in self.v], [positions] * layers,
+                           [valid] * layers, torch.full((b,), n, dtype=torch.long, device=device))
 
 
 class ContiguousStep:
