@@ -44,10 +44,9 @@ class RopeConfig:
 
 
 @dataclass(frozen=True)
-class TargetConfig:
-    """A decoder-only target (Llama or Qwen3 family)."""
+class DecoderDims:
+    """Shapes every decoder stack has (targets and drafters alike)."""
 
-    architecture: str
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -55,6 +54,18 @@ class TargetConfig:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+
+    def _check_dims(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim"):
+            _positive(name, getattr(self, name))
+
+
+@dataclass(frozen=True)
+class TargetConfig(DecoderDims):
+    """A decoder-only target (Llama or Qwen3 family)."""
+
+    architecture: str
     rms_norm_eps: float = 1e-6
     rope: RopeConfig = field(default_factory=RopeConfig)
     tie_word_embeddings: bool = False
@@ -68,26 +79,18 @@ class TargetConfig:
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
             raise ConfigError(f"architecture {self.architecture!r} is not supported (supported: {ARCHITECTURES})")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim", "max_position_embeddings"):
-            _positive(name, getattr(self, name))
+        self._check_dims()
+        _positive("max_position_embeddings", self.max_position_embeddings)
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_attention_heads={self.num_heads} is not divisible by "
                               f"num_key_value_heads={self.num_kv_heads}")
 
 
 @dataclass(frozen=True)
-class DrafterConfig:
+class DrafterConfig(DecoderDims):
     """One block drafter, whatever spelling it was published in (DESIGN.md §2-3)."""
 
     kind: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
     target_layer_ids: tuple[int, ...]
     mask_token_id: int
     block_size: int
@@ -125,9 +128,7 @@ class DrafterConfig:
             object.__setattr__(self, "num_draft_tokens", derived)
         if self.kind not in DRAFTER_KINDS:
             raise ConfigError(f"drafter kind {self.kind!r} is not supported (supported: {DRAFTER_KINDS})")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim"):
-            _positive(name, getattr(self, name))
+        self._check_dims()
         if self.block_size < 2:
             raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
         if not self.target_layer_ids:

@@ -37,6 +37,11 @@ class Generation:
         total = self.prefill_s + self.decode_s
         return len(self.token_ids) / total if total > 0 else 0.0
 
+    @property
+    def mean_acceptance_length(self) -> float:
+        a = self.acceptance_lengths
+        return sum(a) / len(a) if a else 0.0
+
 
 def check_request(target: TargetModel, prompt_ids: list[int], params: SamplingParams) -> None:
     cfg = target.config

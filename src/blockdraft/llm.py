@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .decode import Generation
 from .engine.engine import EngineConfig, LLMEngine
 from .errors import ConfigError, RequestError
 from .loading import load_drafter, load_target
@@ -24,24 +25,11 @@ DEFAULT_DRAFTERS = {"dflash": ASSETS / "dflash", "dflash2": ASSETS / "dflash2", 
 
 
 @dataclass
-class RequestOutput:
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str
-    acceptance_lengths: list[int] = field(default_factory=list)
-    finish_reason: str = "length"
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
+class RequestOutput(Generation):
+    """One finished request: generated `token_ids`, `text`, `acceptance_lengths`, `finish_reason`, timing."""
 
-    @property
-    def tokens_per_s(self) -> float:
-        total = self.prefill_s + self.decode_s
-        return len(self.token_ids) / total if total > 0 else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        a = self.acceptance_lengths
-        return sum(a) / len(a) if a else 0.0
+    prompt_token_ids: list[int] = field(default_factory=list)
+    text: str = ""
 
 
 def resolve_drafter_dir(target: str | Path | None, drafter: str | Path | None) -> Path | None:
@@ -127,8 +115,10 @@ class LLM:
                 raise RequestError(f"prompt_token_ids[{i}] must be a list of ints")
         outs = self.engine.generate([list(ids) for ids in prompt_token_ids], params)
         decode = self.tokenizer.decode if self.tokenizer is not None else None
-        return [RequestOutput(o.prompt_token_ids, o.token_ids, self._text(o.token_ids, params, decode),
-                              o.acceptance_lengths, o.finish_reason, o.prefill_s, o.decode_s) for o in outs]
+        return [RequestOutput(token_ids=o.token_ids, acceptance_lengths=o.acceptance_lengths,
+                              finish_reason=o.finish_reason, prefill_s=o.prefill_s, decode_s=o.decode_s,
+                              prompt_token_ids=o.prompt_token_ids, text=self._text(o.token_ids, params, decode))
+                for o in outs]
 
     @staticmethod
     def _text(token_ids: list[int], params: SamplingParams, decode) -> str:
