@@ -63,3 +63,45 @@ def test_console_script_subprocess():
     bad = subprocess.run([sys.executable, "-m", "blockdraft.cli", "generate", "--prompt-ids", "x"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "comma-separated integers" in bad.stderr
+
+
+def test_generate_streams_text_and_prints_summary(capsys):
+    ref = run_json(capsys, "--prompt", "stream me", "--max-new-tokens", "18", "--ignore-eos")
+    assert main(["generate", "--prompt", "stream me", "--max-new-tokens", "18", "--ignore-eos"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.rstrip("\n") == ref["text"]
+    summary = captured.err.strip().splitlines()[-1]
+    assert summary.startswith("[18 tokens, mean AL") and "tok/s" in summary
+
+
+def test_serve_shuts_down_cleanly_on_sigint():
+    import signal
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "blockdraft.cli", "serve", "--port", str(port),
+                             "--model-name", "tiny"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            raise AssertionError("server did not come up")
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                          json={"model": "tiny", "prompt": "x", "max_tokens": 200, "stream": True,
+                                "ignore_eos": True}) as r:
+            next(r.iter_lines())                                  # a request is in flight
+            proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -47,7 +47,46 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, /metrics)",
+                       description="Serve the target (speculatively with --drafter) over an OpenAI-compatible "
+                       "API. Needs the serve extra: pip install 'blockdraft[serve]'.")
+    s.add_argument("--target", help="HF target directory (default: the shipped default model)")
+    s.add_argument("--drafter", help="drafter directory, or dflash|dflash2|dspark|none for the default target")
+    s.add_argument("--mode", choices=["dflash", "dflash2", "dspark"])
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
+    s.add_argument("--model-name", default="blockdraft", help="the id clients send as 'model'")
+    s.add_argument("--max-batch", type=int, default=8)
+    s.add_argument("--cache-budget", type=int, help="KV cache budget in bytes (default: room for max-batch "
+                   "full-length sequences)")
+    s.add_argument("--max-model-len", type=int)
+    s.add_argument("--adaptive-speculation", action=argparse.BooleanOptionalAction, default=True,
+                   help="skip drafting for greedy requests when it measures slower")
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    s.set_defaults(func=cmd_serve)
     return parser
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .errors import ConfigError
+
+    try:
+        import uvicorn
+
+        from .server.app import build_app
+    except ImportError as e:
+        raise ConfigError(f"serve needs the serve extra ({e.name} is missing): pip install 'blockdraft[serve]'")
+    from .llm import LLM
+
+    drafter = args.drafter if args.drafter is not None else "default"
+    llm = LLM(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, max_batch=args.max_batch,
+              cache_budget_bytes=args.cache_budget, max_model_len=args.max_model_len,
+              adaptive_speculation=args.adaptive_speculation)
+    app = build_app(llm, model_name=args.model_name, api_key=args.api_key)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -62,10 +101,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
               confidence_threshold=args.confidence_threshold)
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
-    if args.prompt is not None:
-        out = llm.generate([args.prompt], params, chat=args.chat)[0]
-    else:
-        out = llm.generate(prompt_token_ids=[args.prompt_ids], sampling_params=params)[0]
+    prompt_ids = llm.encode(args.prompt, args.chat) if args.prompt is not None else args.prompt_ids
+    if not args.json and llm.tokenizer is not None:
+        return _stream_to_terminal(llm, prompt_ids, params)
+    out = llm.generate(prompt_token_ids=[prompt_ids], sampling_params=params)[0]
     if args.json:
         print(json.dumps({
             "token_ids": out.token_ids, "text": out.text, "acceptance_lengths": out.acceptance_lengths,
@@ -77,6 +116,29 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(out.text)
         al = f", mean AL {out.mean_acceptance_length:.2f}" if out.acceptance_lengths else ""
         print(f"[{len(out.token_ids)} tokens{al}, {out.tokens_per_s:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def _stream_to_terminal(llm, prompt_ids: list[int], params) -> int:
+    """Print text as the engine commits it, then one summary line on stderr."""
+    import time
+
+    from .tokenizer import TextStream
+
+    engine = llm.engine
+    started = time.perf_counter()
+    rid = engine.add_request(prompt_ids, params)
+    text = TextStream(llm.tokenizer.decode, params.stop)
+    seq = engine.seqs[rid]
+    for _ in engine.stream(rid):
+        print(text.delta(seq.generated, seq.is_finished), end="", flush=True)
+    elapsed = time.perf_counter() - started
+    al = seq.acceptance_lengths
+    summary = f"{len(seq.generated)} tokens"
+    if al:
+        summary += f", mean AL {sum(al) / len(al):.2f}"
+    print(f"\n[{summary}, {len(seq.generated) / elapsed:.1f} tok/s, finish: {seq.finish_reason}]", file=sys.stderr)
+    engine.seqs.pop(rid, None)
     return 0
 
 

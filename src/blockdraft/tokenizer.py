@@ -73,3 +73,27 @@ def _token_text(tok) -> str | None:
     if isinstance(tok, dict):  # AddedToken serialised as {"content": ...}
         return tok.get("content")
     return tok
+
+
+class TextStream:
+    """Incremental detokenisation that never emits a stop string, even one split across steps."""
+
+    def __init__(self, decode, stops):
+        self.decode, self.stops, self.sent = decode, stops or (), ""
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+
+    def text(self, token_ids: list[int]) -> str:
+        text = self.decode(token_ids)
+        for s in self.stops:
+            if s in text:
+                text = text[: text.index(s)]
+        return text
+
+    def delta(self, token_ids: list[int], final: bool) -> str:
+        text = self.text(token_ids)
+        if not final and self.hold:
+            text = text[: max(len(self.sent), len(text) - self.hold)]
+        if text.endswith("\ufffd") and not final:  # half a multi-byte character: wait for the rest
+            text = text[:-1]
+        delta, self.sent = text[len(self.sent):], max(text, self.sent, key=len)
+        return delta

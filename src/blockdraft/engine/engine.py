@@ -62,6 +62,8 @@ class RequestOutput:
     finish_reason: str | None
     prefill_s: float = 0.0               # arrival -> first token (includes queueing)
     decode_s: float = 0.0                # first token -> finish
+    drafted: int = 0
+    accepted: int = 0
 
 
 def _dtype_bytes(model) -> int:
@@ -196,6 +198,8 @@ class LLMEngine:
         self.stats.spec.generated += kept
         if step is not None and self.drafter is not None:
             seq.acceptance_lengths.append(kept)
+            seq.drafted += step.drafted
+            seq.accepted += min(step.accepted, kept)
             self.stats.spec.record_step(step.drafted, min(step.accepted, kept), kept)
         if hit is not None:
             self._finish(seq, hit[1])
@@ -219,8 +223,10 @@ class LLMEngine:
     def _output(self, seq: Sequence) -> RequestOutput:
         gen = seq.generated
         new = gen[len(gen) - seq.unread:] if seq.unread else []
+        first = seq.first_token_time or seq.finish_time or seq.arrival_time
         return RequestOutput(seq.request_id, seq.prompt_ids, list(gen), new, list(seq.acceptance_lengths),
-                             seq.is_finished, seq.finish_reason)
+                             seq.is_finished, seq.finish_reason, first - seq.arrival_time,
+                             (seq.finish_time or first) - first, seq.drafted, seq.accepted)
 
     # ---- convenience ----------------------------------------------------------------------------------
     def stream(self, request_id: str) -> Iterator[list[int]]:
@@ -241,10 +247,7 @@ class LLMEngine:
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
         while any(not self.seqs[r].is_finished for r in ids):
             self.step()
-        outs = []
+        outs = [self._output(self.seqs[r]) for r in ids]
         for r in ids:
-            seq = self.seqs.pop(r)
-            first = seq.first_token_time or seq.finish_time
-            outs.append(RequestOutput(r, seq.prompt_ids, seq.generated, [], seq.acceptance_lengths, True,
-                                      seq.finish_reason, first - seq.arrival_time, seq.finish_time - first))
+            del self.seqs[r]
         return outs

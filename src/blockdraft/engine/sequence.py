@@ -38,6 +38,8 @@ class Sequence:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     acceptance_lengths: list[int] = field(default_factory=list)
+    drafted: int = 0                         # draft tokens proposed for this request
+    accepted: int = 0                        # of which the target kept
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None

@@ -1,0 +1,81 @@
+"""Server under load: 32 concurrent streaming clients on loopback, with and without the drafter.
+
+Reports requests/s, p50/p95 time to first token, p50/p95 inter-token latency (per
+request: (last token time - first token time) / (tokens - 1)) and mean AL.
+Writes benchmarks/results/server.json.
+
+    python benchmarks/bench_server.py [--clients 32] [--max-tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "server"))
+from conftest import API_KEY, ServerThread  # noqa: E402  (the test suite's real uvicorn harness)
+from openai import AsyncOpenAI  # noqa: E402
+
+from blockdraft.llm import LLM  # noqa: E402
+
+OUT = Path(__file__).parent / "results"
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def one(client, i: int, max_tokens: int) -> dict:
+    t0 = time.perf_counter()
+    stamps, tokens, al = [], 0, None
+    stream = await client.completions.create(model="tiny", prompt=f"request {i} says", max_tokens=max_tokens,
+                                             temperature=0, stream=True, extra_body={"ignore_eos": True})
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            stamps.append(time.perf_counter())
+        if chunk.choices and chunk.choices[0].finish_reason:
+            extra = chunk.model_extra.get("blockdraft") or {}
+            al = extra.get("mean_acceptance_length")
+            tokens = sum(extra.get("acceptance_lengths", [])) + 1 if extra.get("acceptance_lengths") else max_tokens
+    return {"ttft": stamps[0] - t0, "itl": (stamps[-1] - stamps[0]) / max(1, tokens - 1), "al": al}
+
+
+async def load(url: str, clients: int, max_tokens: int) -> dict:
+    client = AsyncOpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0)
+    t0 = time.perf_counter()
+    runs = await asyncio.gather(*(one(client, i, max_tokens) for i in range(clients)))
+    wall = time.perf_counter() - t0
+    await client.close()
+    ttft, itl = [r["ttft"] for r in runs], [r["itl"] for r in runs]
+    als = [r["al"] for r in runs if r["al"]]
+    return {"requests_per_s": clients / wall, "wall_s": wall, "ttft_p50_s": pct(ttft, 0.5),
+            "ttft_p95_s": pct(ttft, 0.95), "itl_p50_s": pct(itl, 0.5), "itl_p95_s": pct(itl, 0.95),
+            "mean_al": statistics.mean(als) if als else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--max-batch", type=int, default=16)
+    args = ap.parse_args()
+    report = {"model": "tiny shipped fixtures, fp32, CPU", "clients": args.clients, "max_tokens": args.max_tokens,
+              "max_batch": args.max_batch, "runs": {}}
+    for name in ("none", "dspark", "dflash2"):
+        llm = LLM(drafter=name, max_batch=args.max_batch, adaptive_speculation=True)
+        with ServerThread(llm) as srv:
+            asyncio.run(load(srv.url, 4, 8))                     # warm-up
+            report["runs"][name] = asyncio.run(load(srv.url, args.clients, args.max_tokens))
+        print(name, json.dumps(report["runs"][name]), flush=True)
+    OUT.mkdir(exist_ok=True)
+    (OUT / "server.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

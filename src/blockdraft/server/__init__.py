@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP server (extra: `pip install blockdraft[serve]`), imported lazily."""
