@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "server"))
-from conftest import API_KEY, ServerThread  # noqa: E402  (the test suite's real uvicorn harness)
+from server_harness import API_KEY, ServerThread  # noqa: E402  (the test suite's real uvicorn harness)
 from openai import AsyncOpenAI  # noqa: E402
 
 from blockdraft.llm import LLM  # noqa: E402

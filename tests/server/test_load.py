@@ -7,7 +7,7 @@ import httpx
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import API_KEY
+from server_harness import API_KEY, server  # noqa: F401  (fixture)
 
 
 async def _client_run(client, i: int, results: list):

@@ -8,7 +8,7 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from blockdraft.cli import main
-from conftest import API_KEY
+from server_harness import API_KEY, server  # noqa: F401  (fixture)
 
 
 @pytest.fixture(scope="module")

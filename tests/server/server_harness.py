@@ -1,4 +1,7 @@
-"""A real uvicorn server on 127.0.0.1 (random port) in a background thread, per test module."""
+"""A real uvicorn server on 127.0.0.1 (random port) in a background thread, per test module.
+
+Not a conftest.py: tests/conftest.py is imported by name, and a second conftest would shadow it.
+"""
 
 import socket
 import threading
