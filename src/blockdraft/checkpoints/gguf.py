@@ -1,0 +1,157 @@
+"""GGUF (llama.cpp) → Hugging Face directory: dequantized safetensors, config.json, tokenizer.json.
+
+Uses the `gguf` package (a convert-time extra) to read and dequantize tensors. llama.cpp
+stores q/k projections with their rotary halves interleaved per head; we undo that
+permutation so the NeoX-layout RoPE of `models/target.py` applies. The tokenizer is
+rebuilt from the GGUF vocabulary and merges as a byte-level BPE; SmolLM's `smollm`
+pre-tokenizer splits digits individually, which is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from ..errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
+
+LLAMA_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+PRE_TOKENIZERS_WITH_DIGITS = ("smollm", "llama-bpe", "llama3")
+TOKEN_TYPE_CONTROL = 3
+
+
+def _field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    value = field.contents()
+    return value
+
+
+def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Inverse of llama.cpp's q/k permute: rows (head, half, pair) -> (head, pair-half, ...)."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_config(reader) -> dict:
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise ConfigError(f"GGUF architecture {arch!r} is not supported (supported: llama)")
+    p = "llama."
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    hidden, heads = int(_field(reader, p + "embedding_length")), int(_field(reader, p + "attention.head_count"))
+    has_output = any(t.name == "output.weight" for t in reader.tensors)
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": int(_field(reader, p + "vocab_size", len(tokens))),
+        "hidden_size": hidden, "intermediate_size": int(_field(reader, p + "feed_forward_length")),
+        "num_hidden_layers": int(_field(reader, p + "block_count")), "num_attention_heads": heads,
+        "num_key_value_heads": int(_field(reader, p + "attention.head_count_kv", heads)),
+        "head_dim": int(_field(reader, p + "rope.dimension_count", hidden // heads)),
+        "rms_norm_eps": float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(_field(reader, p + "rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(_field(reader, p + "context_length", 2048)),
+        "tie_word_embeddings": not has_output, "hidden_act": "silu", "attention_bias": False,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "torch_dtype": "bfloat16",
+    }
+
+
+def gguf_tensors(reader, config: dict, dtype: torch.dtype, progress=None) -> dict[str, torch.Tensor]:
+    from gguf import dequantize
+
+    out = {}
+    for t in reader.tensors:
+        name = LLAMA_NAMES.get(t.name)
+        if name is None:
+            parts = t.name.split(".")           # blk.N.attn_q.weight
+            if parts[0] != "blk" or parts[2] not in LAYER_NAMES:
+                raise CheckpointError(f"unknown GGUF tensor {t.name!r}")
+            name = f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{parts[3]}"
+        w = dequantize(t.data, t.tensor_type).astype(np.float32)
+        w = w.reshape(tuple(int(d) for d in reversed(t.shape)))   # GGML dims are innermost-first
+        if name.endswith("q_proj.weight"):
+            w = unpermute(w, config["num_attention_heads"])
+        elif name.endswith("k_proj.weight"):
+            w = unpermute(w, config["num_key_value_heads"])
+        out[name] = torch.from_numpy(np.ascontiguousarray(w)).to(dtype)
+        if progress is not None:
+            progress(1)
+    return out
+
+
+def gguf_tokenizer(reader):
+    """Byte-level BPE from the GGUF vocabulary, merges and control tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    if _field(reader, "tokenizer.ggml.model") != "gpt2":
+        raise ConfigError(f"GGUF tokenizer model {_field(reader, 'tokenizer.ggml.model')!r} is not supported "
+                          "(supported: gpt2 byte-level BPE)")
+    tokens = list(_field(reader, "tokenizer.ggml.tokens"))
+    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
+    types = list(_field(reader, "tokenizer.ggml.token_type"))
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if _field(reader, "tokenizer.ggml.pre") in PRE_TOKENIZERS_WITH_DIGITS:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([t for t, kind in zip(tokens, types) if kind == TOKEN_TYPE_CONTROL])
+    bos, eos = _field(reader, "tokenizer.ggml.bos_token_id"), _field(reader, "tokenizer.ggml.eos_token_id")
+    tok_config = {"bos_token": tokens[bos] if bos is not None else None,
+                  "eos_token": tokens[eos] if eos is not None else None,
+                  "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+                  "chat_template": _field(reader, "tokenizer.chat_template"),
+                  "model_max_length": int(_field(reader, "llama.context_length", 2048))}
+    return tok, tok_config
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "bfloat16",
+                 show_progress: bool = True) -> Path:
+    """Write a HF directory for `gguf_path` into `out_dir`; returns `out_dir`."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise ConfigError("convert needs the `gguf` package: pip install 'blockdraft[convert]'") from None
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    if not gguf_path.is_file():
+        raise CheckpointError(f"missing file: {gguf_path}")
+    torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(dtype)
+    if torch_dtype is None:
+        raise ConfigError(f"dtype {dtype!r} is not supported for convert (choose bfloat16 or float32)")
+    reader = GGUFReader(str(gguf_path))
+    config = gguf_config(reader)
+    config["torch_dtype"] = dtype
+    bar = None
+    if show_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(reader.tensors), desc=f"converting {gguf_path.name}", unit="tensor")
+    tensors = gguf_tensors(reader, config, torch_dtype, bar.update if bar else None)
+    if bar:
+        bar.close()
+    tokenizer, tok_config = gguf_tokenizer(reader)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
+    return out_dir

