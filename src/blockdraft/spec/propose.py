@@ -14,7 +14,7 @@ import torch
 from ..models.drafter import BlockDrafter, MarkovHead
 from ..models.kv_cache import KVCache
 from ..sampling.params import SamplingParams
-from ..sampling.probs import pick, sampling_probs
+from ..sampling.probs import pick, sample_from, sampling_probs
 from .lattice import dflash2_lattice, walk
 
 
@@ -51,8 +51,7 @@ def propose(drafter: BlockDrafter, anchor: torch.Tensor, cache: KVCache, n_draft
     rows = block_rows(drafter, n_drafts)
     hidden = drafter.block_hidden(anchor, rows, cache)
     proposal = choose_drafts(drafter, draft_slots(drafter, hidden, n_drafts), anchor, params, generator)
-    keep = min(confident_prefix(proposal, confidence_threshold))
-    return proposal.truncated(keep) if keep < proposal.tokens.shape[1] else proposal
+    return proposal.truncated(min(confident_prefix(proposal, confidence_threshold)))
 
 
 def block_rows(drafter: BlockDrafter, n_drafts: int) -> int:
@@ -84,8 +83,7 @@ def choose_drafts(drafter: BlockDrafter, hidden: torch.Tensor, anchor: torch.Ten
     logits = drafter.logits(hidden)                                                   # [b, n, V]
     if cfg.kind == "dflash":
         probs = None if params.greedy else sampling_probs(logits, params)
-        tokens = logits.argmax(-1) if probs is None else torch.multinomial(
-            probs.view(-1, probs.shape[-1]), 1, generator=generator).view(probs.shape[:-1])
+        tokens = logits.argmax(-1) if probs is None else sample_from(probs, generator)
         return Proposal(tokens, probs)
     if cfg.kind == "dflash2":
         lattice = dflash2_lattice(logits, hidden, anchor, drafter.candidate_selector)
