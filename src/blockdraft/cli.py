@@ -75,7 +75,74 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", required=True, help="output directory")
     c.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     c.set_defaults(func=cmd_convert)
+
+    t = sub.add_parser("train", help="distil a DFlash or DSpark drafter from a target's own greedy text",
+                       description="Train a drafter on the target's greedy continuations of a prompt set "
+                       "(one prompt per line, or JSONL with a 'prompt' field). Resumable: rerun with the same "
+                       "--out to continue. Writes the published layout, training.json and training.png.")
+    t.add_argument("--target", required=True, help="HF target directory, or 'smollm2'")
+    t.add_argument("--kind", choices=["dflash", "dspark"], default="dspark")
+    t.add_argument("--prompts", required=True, help="training prompts (.txt lines or .jsonl)")
+    t.add_argument("--eval-prompts", help="held-out prompts for the validation AL (default: last 10%%)")
+    t.add_argument("--out", required=True)
+    t.add_argument("--layers", type=int, default=1)
+    t.add_argument("--block-size", type=int, default=8)
+    t.add_argument("--taps", type=_ids, required=True, help="target layer ids to tap, e.g. 1,14,28")
+    t.add_argument("--markov-rank", type=int, default=64)
+    t.add_argument("--steps", type=int, default=200)
+    t.add_argument("--lr", type=float, default=3e-3)
+    t.add_argument("--anchors-per-step", type=int, default=8)
+    t.add_argument("--new-tokens", type=int, default=64, help="target tokens generated per prompt")
+    t.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
+    t.set_defaults(func=cmd_train)
     return parser
+
+
+def _read_prompts(path: str) -> list[str]:
+    from pathlib import Path
+
+    from .errors import CheckpointError
+
+    p = Path(path)
+    if not p.is_file():
+        raise CheckpointError(f"missing file: {p}")
+    lines = [line for line in p.read_text().splitlines() if line.strip()]
+    if p.suffix == ".jsonl":
+        return [json.loads(line)["prompt"] for line in lines]
+    return lines
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .checkpoints.publish import new_drafter
+    from .errors import RequestError
+    from .llm import LLM
+    from .train.trainer import TrainConfig, train
+
+    llm = LLM(target=args.target, drafter="none", max_batch=1)
+    encode = (lambda text: llm.encode(text, chat=args.chat))
+    prompts = [encode(p) for p in _read_prompts(args.prompts)]
+    if args.eval_prompts:
+        held_out = [encode(p) for p in _read_prompts(args.eval_prompts)]
+    else:
+        cut = max(1, len(prompts) // 10)
+        prompts, held_out = prompts[:-cut], prompts[-cut:]
+    if not prompts:
+        raise RequestError(f"{args.prompts} gives no training prompts after holding out evaluation prompts")
+    mask = llm.tokenizer.vocab_size - 1 if llm.tokenizer else llm.target.config.vocab_size - 1
+    drafter = new_drafter(llm.target, args.kind, args.layers, args.block_size, tuple(args.taps), mask,
+                          markov_rank=args.markov_rank)
+    from .loading import check_drafter_fits
+
+    check_drafter_fits(drafter.config, llm.target.config, {})
+    cfg = TrainConfig(steps=args.steps, lr=args.lr, anchors_per_step=args.anchors_per_step,
+                      new_tokens=args.new_tokens)
+    summary = train(drafter, llm.target, prompts, held_out, cfg, Path(args.out))
+    print(json.dumps({"out": args.out, "final_loss": summary["final_loss"],
+                      "validation_mean_al": summary["validation_mean_al"],
+                      "train_seconds": summary["train_seconds"]}))
+    return 0
 
 
 def cmd_convert(args: argparse.Namespace) -> int:

@@ -1,0 +1,86 @@
+"""Write drafters in the layouts others publish: z-lab DFlash/DFlash2 and DeepSeek DSpark.
+
+`new_drafter` builds a freshly initialised drafter shaped like its target (the target's
+embedding and LM head are reused, not copied); `save_drafter` writes config.json and bf16
+`model.safetensors` under the published names, which `load_drafter` (and the reference
+packages) read back.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from ..config import DrafterConfig
+from ..models.drafter import BlockDrafter
+from ..models.target import TargetModel
+
+SUFFIXLESS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
+
+
+def new_drafter(target: TargetModel, kind: str, num_layers: int, block_size: int,
+                target_layer_ids: tuple[int, ...], mask_token_id: int, markov_rank: int = 64,
+                seed: int = 0, **extra) -> BlockDrafter:
+    t = target.config
+    dspark = kind == "dspark"
+    cfg = DrafterConfig(kind=kind, vocab_size=t.vocab_size, hidden_size=t.hidden_size,
+                        intermediate_size=t.intermediate_size, num_layers=num_layers, num_heads=t.num_heads,
+                        num_kv_heads=t.num_kv_heads, head_dim=t.head_dim, target_layer_ids=tuple(target_layer_ids),
+                        mask_token_id=mask_token_id, block_size=block_size, shift_label=dspark,
+                        rms_norm_eps=t.rms_norm_eps, rope=t.rope, layer_types=("full_attention",) * num_layers,
+                        markov_rank=markov_rank if dspark else 0, enable_confidence_head=dspark, **extra)
+    drafter = BlockDrafter(cfg, target).to(target.dtype)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    return drafter.eval()
+
+
+def published_config(cfg: DrafterConfig, target: TargetModel) -> dict:
+    rope = {"rope_type": cfg.rope.rope_type, "rope_theta": cfg.rope.theta}
+    if cfg.rope.rope_type != "default":
+        rope.update(factor=cfg.rope.factor, original_max_position_embeddings=cfg.rope.original_max_position_embeddings)
+    out = {"model_type": "qwen3", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+           "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+           "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+           "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope.theta, "rope_parameters": rope,
+           "max_position_embeddings": target.config.max_position_embeddings, "hidden_act": "silu",
+           "attention_bias": cfg.attention_bias, "tie_word_embeddings": False,
+           "num_target_layers": target.config.num_layers, "block_size": cfg.block_size,
+           "layer_types": list(cfg.layer_types), "torch_dtype": "bfloat16"}
+    if cfg.sliding_window is not None:
+        out.update(sliding_window=cfg.sliding_window, use_sliding_window=cfg.use_sliding_window)
+    if cfg.kind == "dspark":  # DeepSeek DeepSpec: top-level keys
+        out.update(architectures=["Qwen3DSparkModel"], target_layer_ids=list(cfg.target_layer_ids),
+                   mask_token_id=cfg.mask_token_id, markov_rank=cfg.markov_rank,
+                   enable_confidence_head=cfg.enable_confidence_head,
+                   confidence_head_with_markov=cfg.confidence_head_with_markov)
+        return out
+    nested = {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)}
+    if cfg.kind == "dflash2":
+        nested.update(conv_kernel_size=cfg.conv_kernel_size, conv_group_size=cfg.conv_group_size,
+                      selector_top_k=cfg.selector_top_k, selector_rank=cfg.selector_rank)
+    out.update(architectures=["DFlash2DraftModel" if cfg.kind == "dflash2" else "DFlashDraftModel"],
+               dflash_config=nested)
+    return out
+
+
+def save_drafter(drafter: BlockDrafter, target: TargetModel, out_dir: str | Path) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, t in drafter.state_dict().items():
+        key = name[: -len(".weight")] if name[: -len(".weight")] in SUFFIXLESS else name
+        tensors[key] = t.detach().to(torch.bfloat16).contiguous()
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(published_config(drafter.config, target), indent=2) + "\n")
+    return out_dir

@@ -1,0 +1,77 @@
+"""Training writes loadable published checkpoints, lowers the loss, resumes, and stays lossless."""
+
+import json
+
+import pytest
+import torch
+
+from blockdraft.checkpoints.publish import new_drafter
+from blockdraft.cli import main
+from blockdraft.decode import generate_one
+from blockdraft.loading import load_drafter
+from blockdraft.sampling.params import SamplingParams
+from blockdraft.train.losses import block_at, dflash_loss, dspark_loss
+from blockdraft.train.trainer import TrainConfig, teacher_data, train
+from conftest import ASSETS, random_prompts
+
+PROMPTS = random_prompts(12, seed=31)
+EVAL = random_prompts(3, seed=32)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_train_lowers_loss_and_writes_published_layout(target, tmp_path, kind):
+    drafter = new_drafter(target, kind, num_layers=1, block_size=4, target_layer_ids=(0, 2), mask_token_id=126,
+                          markov_rank=16)
+    summary = train(drafter, target, PROMPTS, EVAL, TrainConfig(steps=60, lr=1e-2, new_tokens=32), tmp_path,
+                    progress=False)
+    losses = [h["loss"] for h in summary["history"]]
+    assert sum(losses[-10:]) / 10 < 0.8 * sum(losses[:10]) / 10
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    if kind == "dspark":
+        assert cfg["architectures"] == ["Qwen3DSparkModel"] and cfg["markov_rank"] == 16
+        assert cfg["target_layer_ids"] == [0, 2]
+    else:
+        assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["dflash_config"]["target_layer_ids"] == [0, 2]
+    loaded = load_drafter(tmp_path, target)
+    assert loaded.config.kind == kind and not loaded.config.own_lm_head    # the target's head is reused
+    for prompt in EVAL:
+        ref = generate_one(target, prompt, SamplingParams(max_tokens=20)).token_ids
+        assert generate_one(target, prompt, SamplingParams(max_tokens=20), loaded).token_ids == ref
+    assert summary["validation_mean_al"] >= 1.0 and (tmp_path / "training.json").is_file()
+
+
+def test_resume_continues_the_same_run(target, tmp_path):
+    def run(steps, out):
+        d = new_drafter(target, "dspark", 1, 4, (0, 2), 126, markov_rank=8, seed=1)
+        return train(d, target, PROMPTS[:4], EVAL[:1], TrainConfig(steps=steps, save_every=5, new_tokens=16),
+                     out, progress=False)["history"]
+
+    straight = run(10, tmp_path / "a")
+    run(5, tmp_path / "b")
+    resumed = run(10, tmp_path / "b")
+    assert len(resumed) == 10
+    assert [round(h["loss"], 5) for h in resumed] == [round(h["loss"], 5) for h in straight]
+
+
+def test_dspark_loss_parts(target, drafters):
+    drafter = drafters["dspark"]
+    seq, taps, logits = teacher_data(target, PROMPTS[:1], 16, drafter.config.target_layer_ids)[0]
+    block = block_at(drafter, taps, logits, seq, 5)
+    parts = dspark_loss(drafter, block)
+    assert 0 <= float(parts["l1"]) <= 2 and "confidence_bce" in parts
+    assert torch.isfinite(parts["loss"])
+    flash = dflash_loss(drafters["dflash"], block_at(drafters["dflash"], taps, logits, seq, 5))
+    assert torch.isfinite(flash["loss"])
+
+
+def test_train_cli(tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(["hello world", "abc def", "the quick fox", "jumps over", "lazy dog"] * 2))
+    out = tmp_path / "drafter"
+    assert main(["train", "--target", str(ASSETS / "target-qwen3"), "--kind", "dspark", "--prompts", str(prompts),
+                 "--out", str(out), "--taps", "0,2", "--steps", "6", "--block-size", "4", "--markov-rank", "8",
+                 "--new-tokens", "12"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["validation_mean_al"] >= 1.0 and (out / "model.safetensors").is_file()
+    assert main(["train", "--target", str(ASSETS / "target-qwen3"), "--prompts", str(tmp_path / "nope.txt"),
+                 "--out", str(out), "--taps", "0"]) == 2
