@@ -5,8 +5,8 @@ model `blockdraft generate` runs when no --target is given.
 
 The target is a random Qwen3 whose LM head is tied to a random permutation of its
 embedding, so its greedy text is partly predictable (a noisy bigram chain). The
-drafters (DFlash, DFlash2, DSpark) are then distilled on the target's own greedy
-continuations for a few hundred steps, so acceptance lengths are > 1 and token /
+drafters (DFlash, DFlash2, DSpark) are then trained (`train.trainer.fit`) on the target's own
+greedy continuations for a few hundred steps, so acceptance lengths are > 1 and token /
 acceptance comparisons against the references mean something.
 
     python scripts/make_fixtures.py        # rewrites src/blockdraft/assets/tiny/*
@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from blockdraft.loading import load_drafter, load_target
-from blockdraft.train.distill import distill, teacher_sequences
+from blockdraft.train.trainer import TrainConfig, fit, teacher_data
 
 OUT = Path(__file__).resolve().parents[1] / "src" / "blockdraft" / "assets" / "tiny"
 VOCAB, HIDDEN, LAYERS = 128, 64, 4
@@ -141,12 +141,13 @@ def main() -> None:
     target = load_target(OUT / "target-qwen3")
     prompts = [torch.randint(0, MASK_ID, (int(n),), generator=gen).tolist()
                for n in torch.randint(4, 16, (48,), generator=gen)]
-    seqs = teacher_sequences(target, prompts, 48)
     for name, cfg in DRAFTERS.items():
         t0 = time.time()
         write(OUT / name, cfg, drafter_tensors(name, cfg, target, gen))
         drafter = load_drafter(OUT / name, target)
-        losses = distill(drafter, target, seqs, steps=500, lr=1e-2, anchors_per_step=8, seed=7)
+        data = teacher_data(target, prompts, 48, drafter.config.target_layer_ids)
+        history = fit(drafter, data, TrainConfig(steps=500, lr=1e-2, anchors_per_step=8, seed=7), progress=False)
+        losses = [h["loss"] for h in history]
         tensors = {k: v for k, v in drafter.state_dict().items()}
         if name == "dflash2":
             for cb in ("predecessor_codebook", "successor_codebook"):

@@ -89,7 +89,7 @@ def main() -> None:
     for prompt in prompts():
         payload["cases"].append({"drafter": "dspark", "threshold": 0.0,
                                  **run(model, drafter, config, prompt, MAX_NEW, None, 0.0)})
-    for threshold in (0.12, 0.16):
+    for threshold in (0.7, 0.9):
         payload["cases"].append({"drafter": "dspark", "threshold": threshold,
                                  **run(model, drafter, config, prompts()[2], MAX_NEW, None, threshold)})
     ref = payload["cases"][1]["tokens"]

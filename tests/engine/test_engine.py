@@ -137,7 +137,7 @@ def test_telemetry_counts(target, drafters):
 
 def test_confidence_threshold_in_batch_is_lossless(target, drafters, single_stream):
     cfg = EngineConfig(max_batch=8, cache_budget_bytes=2_000_000, block_size=8, max_model_len=72,
-                       confidence_threshold=0.15)
+                       confidence_threshold=0.8)
     outs = LLMEngine(target, drafters["dspark"], cfg).generate(PROMPTS[:10], PARAMS[:10])
     assert [o.token_ids for o in outs] == single_stream[:10]
 

@@ -45,7 +45,7 @@ def test_block_size_override_stays_lossless(target, ar_outputs, block_size):
         assert generate_one(target, prompt, SamplingParams(max_tokens=33), drafter).token_ids == ref
 
 
-@pytest.mark.parametrize("threshold", [0.05, 0.15, 0.5])
+@pytest.mark.parametrize("threshold", [0.05, 0.5, 0.9])
 def test_confidence_threshold_never_changes_output(target, drafters, ar_outputs, threshold):
     for prompt, ref in zip(PROMPTS[:3], ar_outputs):
         gen = generate_one(target, prompt, SamplingParams(max_tokens=33), drafters["dspark"],

@@ -1,1 +1,1 @@
-"""Drafter distillation (teacher = the target's own greedy continuations)."""
+"""Drafter training: teacher data from the target, DFlash and DSpark losses, the resumable loop."""

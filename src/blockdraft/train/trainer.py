@@ -52,23 +52,22 @@ def mean_acceptance(target: TargetModel, drafter: BlockDrafter, prompts: list[li
     return sum(lengths) / max(1, len(lengths))
 
 
-def train(drafter: BlockDrafter, target: TargetModel, prompts: list[list[int]], eval_prompts: list[list[int]],
-          cfg: TrainConfig, out_dir: Path, progress: bool = True) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
+def fit(drafter: BlockDrafter, data: list, cfg: TrainConfig, state_path: Path | None = None,
+        progress: bool = True) -> list[dict]:
+    """The optimisation loop over teacher data; resumes from / checkpoints to `state_path`."""
     params = [p for p in drafter.parameters()]
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.Adam(params, lr=cfg.lr)
     gen = torch.Generator().manual_seed(cfg.seed)
     history: list[dict] = []
-    state_path, start = out_dir / "trainer_state.pt", 0
-    if state_path.is_file():  # resume exactly where we stopped
+    start = 0
+    if state_path is not None and state_path.is_file():  # resume exactly where we stopped
         state = torch.load(state_path, weights_only=False)
         drafter.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
         gen.set_state(state["rng"])
         history, start = state["history"], state["step"]
-    data = teacher_data(target, prompts, cfg.new_tokens, drafter.config.target_layer_ids)
     loss_fn = dspark_loss if drafter.config.kind == "dspark" else dflash_loss
     bar = None
     if progress:
@@ -76,7 +75,6 @@ def train(drafter: BlockDrafter, target: TargetModel, prompts: list[list[int]], 
 
         bar = tqdm(total=cfg.steps, initial=start, desc=f"training {drafter.config.kind}", unit="step")
     drafter.train()
-    t0 = time.perf_counter()
     for step in range(start, cfg.steps):
         opt.zero_grad()
         totals: dict[str, float] = {}
@@ -94,12 +92,22 @@ def train(drafter: BlockDrafter, target: TargetModel, prompts: list[list[int]], 
         if bar:
             bar.update(1)
             bar.set_postfix(loss=f"{totals.get('loss', 0):.3f}")
-        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+        if state_path is not None and ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps):
             torch.save({"model": drafter.state_dict(), "optim": opt.state_dict(), "rng": gen.get_state(),
                         "history": history, "step": step + 1}, state_path)
     if bar:
         bar.close()
     drafter.eval().requires_grad_(False)
+    return history
+
+
+def train(drafter: BlockDrafter, target: TargetModel, prompts: list[list[int]], eval_prompts: list[list[int]],
+          cfg: TrainConfig, out_dir: Path, progress: bool = True) -> dict:
+    """Teacher data → `fit` (resumable) → published checkpoint, training.json, plot."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = teacher_data(target, prompts, cfg.new_tokens, drafter.config.target_layer_ids)
+    t0 = time.perf_counter()
+    history = fit(drafter, data, cfg, out_dir / "trainer_state.pt", progress)
     summary = {"config": asdict(cfg), "train_seconds": time.perf_counter() - t0, "history": history,
                "final_loss": history[-1]["loss"] if history else None,
                "validation_mean_al": mean_acceptance(target, drafter, eval_prompts, cfg.new_tokens)}
