@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cache.plan import KVGeometry
 from .decode import Generation
 from .engine.engine import EngineConfig, LLMEngine
 from .errors import ConfigError, RequestError
@@ -78,12 +79,10 @@ class LLM:
 
     def _default_budget(self, max_len: int, max_batch: int, block: int = 16) -> int:
         """Room for `max_batch` sequences of `max_len` tokens (+ lookahead), target and drafter KV."""
-        def per_token(cfg, model):
-            return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * next(model.parameters()).element_size()
-        bytes_per_token = per_token(self.target.config, self.target)
+        bytes_per_token = KVGeometry.of(self.target.config, self.target).bytes_per_token
         lookahead = 0
         if self.drafter is not None:
-            bytes_per_token += per_token(self.drafter.config, self.drafter)
+            bytes_per_token += KVGeometry.of(self.drafter.config, self.drafter).bytes_per_token
             lookahead = self.drafter.config.num_draft_tokens
         tokens = (max_batch + 1) * (-(-(max_len + lookahead + 1) // block) + 1) * block
         ring = 0

@@ -92,8 +92,11 @@ def context_read(pool: PagedKVPool, tables: torch.Tensor, lengths: list[int], nu
     for layer in range(num_layers):
         if layer in pool.k:
             k, v = pool.gather(layer, tables, c)
-            keys.append(k), values.append(v), pos.append(positions), val.append(valid)
+            p, ok = positions, valid
         else:
             k, v, p, ok = ring.read(layer, ring_rows)
-            keys.append(k), values.append(v), pos.append(p), val.append(ok)
+        keys.append(k)
+        values.append(v)
+        pos.append(p)
+        val.append(ok)
     return ContextRead(keys, values, pos, val, torch.tensor(lengths, device=device))

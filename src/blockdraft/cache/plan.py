@@ -38,6 +38,12 @@ class KVGeometry:
     def bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
+    @classmethod
+    def of(cls, cfg, model, num_layers: int | None = None) -> "KVGeometry":
+        """The KV geometry of a target or drafter (or of `num_layers` of its layers) in its loaded dtype."""
+        return cls(cfg.num_layers if num_layers is None else num_layers, cfg.num_kv_heads, cfg.head_dim,
+                   next(model.parameters()).element_size())
+
 
 @dataclass(frozen=True)
 class CachePlan:

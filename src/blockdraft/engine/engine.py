@@ -66,10 +66,6 @@ class RequestOutput:
     accepted: int = 0
 
 
-def _dtype_bytes(model) -> int:
-    return next(model.parameters()).element_size()
-
-
 class LLMEngine:
     def __init__(self, target: TargetModel, drafter: BlockDrafter | None = None,
                  config: EngineConfig | None = None, eos_ids: frozenset[int] = frozenset(), decode=None):
@@ -79,18 +75,17 @@ class LLMEngine:
         tc = target.config
         self.max_model_len = self.config.max_model_len or tc.max_position_embeddings
         self.lookahead = drafter.config.num_draft_tokens if drafter is not None else 0
-        target_geo = KVGeometry(tc.num_layers, tc.num_kv_heads, tc.head_dim, _dtype_bytes(target))
+        target_geo = KVGeometry.of(tc, target)
         full_layers, ring_layers, full_geo, ring_geo, window = [], [], None, None, None
         prefix_caching = self.config.prefix_caching
         if drafter is not None:
             dc = drafter.config
             ring_layers = [i for i in range(dc.num_layers) if dc.layer_window(i)]
             full_layers = [i for i in range(dc.num_layers) if not dc.layer_window(i)]
-            size = _dtype_bytes(drafter)
             if full_layers:
-                full_geo = KVGeometry(len(full_layers), dc.num_kv_heads, dc.head_dim, size)
+                full_geo = KVGeometry.of(dc, drafter, len(full_layers))
             if ring_layers:
-                ring_geo, window = KVGeometry(len(ring_layers), dc.num_kv_heads, dc.head_dim, size), dc.sliding_window
+                ring_geo, window = KVGeometry.of(dc, drafter, len(ring_layers)), dc.sliding_window
                 prefix_caching = False  # a ring holds one sequence's recent rows: nothing to share
         self.plan: CachePlan = plan_cache(self.config.cache_budget_bytes, self.config.block_size,
                                           self.config.max_batch, self.max_model_len, self.lookahead + 1,
