@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from blockdraft.engine.engine import EngineConfig, LLMEngine
-from blockdraft.llm import ASSETS
+from blockdraft.llm import TINY_ASSETS as ASSETS
 from blockdraft.loading import load_drafter, load_target
 from blockdraft.sampling.params import SamplingParams
 

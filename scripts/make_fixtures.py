@@ -9,6 +9,10 @@ drafters (DFlash, DFlash2, DSpark) are then trained (`train.trainer.fit`) on the
 greedy continuations for a few hundred steps, so acceptance lengths are > 1 and token /
 acceptance comparisons against the references mean something.
 
+The committed weights came from an earlier form of the loop (one anchor per step);
+rerunning this script gives different weights, so regenerate the goldens with them
+(`scripts/goldens/regen.sh --fixtures` does both).
+
     python scripts/make_fixtures.py        # rewrites src/blockdraft/assets/tiny/*
 """
 
@@ -146,7 +150,8 @@ def main() -> None:
         write(OUT / name, cfg, drafter_tensors(name, cfg, target, gen))
         drafter = load_drafter(OUT / name, target)
         data = teacher_data(target, prompts, 48, drafter.config.target_layer_ids)
-        history = fit(drafter, data, TrainConfig(steps=500, lr=1e-2, anchors_per_step=8, seed=7), progress=False)
+        history = fit(drafter, data, TrainConfig(steps=500, lr=1e-2, seqs_per_step=1, anchors_per_seq=8, seed=7),
+                      progress=False)
         losses = [h["loss"] for h in history]
         tensors = {k: v for k, v in drafter.state_dict().items()}
         if name == "dflash2":

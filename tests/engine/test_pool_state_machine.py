@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from blockdraft.engine.engine import EngineConfig, LLMEngine
-from blockdraft.llm import ASSETS
+from blockdraft.llm import TINY_ASSETS as ASSETS
 from blockdraft.loading import load_drafter, load_target
 from blockdraft.sampling.params import SamplingParams
 

@@ -10,7 +10,7 @@ import time
 import pytest
 import uvicorn
 
-from blockdraft.llm import LLM
+from blockdraft.llm import LLM, TINY_ASSETS
 from blockdraft.server.app import build_app
 
 API_KEY = "sk-test"
@@ -47,6 +47,7 @@ class ServerThread:
 
 @pytest.fixture(scope="module")
 def server():
-    llm = LLM(drafter="dspark", max_batch=8, adaptive_speculation=False)
+    llm = LLM(target=TINY_ASSETS / "target-qwen3", drafter=TINY_ASSETS / "dspark", max_batch=8,
+              adaptive_speculation=False)
     with ServerThread(llm) as srv:
         yield srv

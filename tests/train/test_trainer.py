@@ -10,7 +10,7 @@ from blockdraft.cli import main
 from blockdraft.decode import generate_one
 from blockdraft.loading import load_drafter
 from blockdraft.sampling.params import SamplingParams
-from blockdraft.train.losses import block_at, dflash_loss, dspark_loss
+from blockdraft.train.losses import blocks_at, dflash_loss, dspark_loss
 from blockdraft.train.trainer import TrainConfig, teacher_data, train
 from conftest import ASSETS, random_prompts
 
@@ -22,7 +22,7 @@ EVAL = random_prompts(3, seed=32)
 def test_train_lowers_loss_and_writes_published_layout(target, tmp_path, kind):
     drafter = new_drafter(target, kind, num_layers=1, block_size=4, target_layer_ids=(0, 2), mask_token_id=126,
                           markov_rank=16)
-    summary = train(drafter, target, PROMPTS, EVAL, TrainConfig(steps=60, lr=1e-2, new_tokens=32), tmp_path,
+    summary = train(drafter, target, PROMPTS, EVAL, TrainConfig(steps=60, lr=1e-2, new_tokens=32, warmup=2), tmp_path,
                     progress=False)
     losses = [h["loss"] for h in summary["history"]]
     assert sum(losses[-10:]) / 10 < 0.8 * sum(losses[:10]) / 10
@@ -55,13 +55,47 @@ def test_resume_continues_the_same_run(target, tmp_path):
 
 def test_dspark_loss_parts(target, drafters):
     drafter = drafters["dspark"]
-    seq, taps, logits = teacher_data(target, PROMPTS[:1], 16, drafter.config.target_layer_ids)[0]
-    block = block_at(drafter, taps, logits, seq, 5)
+    seq = teacher_data(target, PROMPTS[:1], 16, drafter.config.target_layer_ids)[0]
+    anchors = torch.tensor([3, 5, len(seq.ids) - 2])          # the last block runs past the sequence end
+    block = blocks_at(drafter, seq.taps, seq.final, seq.ids, anchors, target.lm_head)
+    assert block.weight.view(3, -1)[2].tolist() == [1.0] + [0.0] * (drafter.config.num_draft_tokens - 1)
     parts = dspark_loss(drafter, block)
     assert 0 <= float(parts["l1"]) <= 2 and "confidence_bce" in parts
     assert torch.isfinite(parts["loss"])
-    flash = dflash_loss(drafters["dflash"], block_at(drafters["dflash"], taps, logits, seq, 5))
-    assert torch.isfinite(flash["loss"])
+    flash = drafters["dflash"]
+    flash_seq = teacher_data(target, PROMPTS[:1], 16, flash.config.target_layer_ids)[0]
+    assert torch.isfinite(dflash_loss(flash, blocks_at(flash, flash_seq.taps, None, flash_seq.ids, anchors))["loss"])
+
+
+@pytest.mark.parametrize("name", ["dflash", "dspark", "dflash-sliding"])
+def test_batched_training_blocks_equal_the_inference_path(target, drafters, name):
+    """All anchors of a sequence at once (training) == one anchor at a time through a KV cache (runtime)."""
+    drafter = drafters[name]
+    cfg = drafter.config
+    seq = teacher_data(target, PROMPTS[:1], 24, cfg.target_layer_ids)[0]
+    anchors = torch.tensor([1, 4, 9, 17])
+    block = blocks_at(drafter, seq.taps, seq.final, seq.ids, anchors, target.lm_head)
+    first = 0 if cfg.shift_label else 1
+    for i, a in enumerate(anchors.tolist()):
+        cache = drafter.new_cache(1, a + cfg.block_size)
+        drafter.extend_context(seq.taps[:, :a], cache)
+        ref = drafter.block_hidden(seq.ids[a:a + 1], cfg.block_size, cache)[0, first:first + cfg.num_draft_tokens]
+        n = cfg.num_draft_tokens
+        torch.testing.assert_close(block.hidden[i * n:(i + 1) * n], ref, atol=2e-2, rtol=2e-2)
+        assert block.labels[i * n].item() == seq.ids[a + 1].item()
+    full = target.logits(seq.ids)[0]
+    torch.testing.assert_close(block.target_logits[0], full[anchors[0]].float(), atol=2e-2, rtol=2e-2)
+
+
+def test_teacher_data_stops_at_eos(target):
+    eos = 5
+    seqs = teacher_data(target, PROMPTS[:6], 40, (0, 2), eos_ids=frozenset({eos}), max_batch=4)
+    for prompt, seq in zip(PROMPTS[:6], seqs):
+        response = seq.ids[len(prompt):].tolist()
+        ref = generate_one(target, prompt, SamplingParams(max_tokens=40, ignore_eos=True)).token_ids
+        cut = ref.index(eos) + 1 if eos in ref else len(ref)
+        assert response == ref[:cut] and seq.response_start == len(prompt)
+        assert seq.taps.shape == (1, len(seq.ids), 2 * target.config.hidden_size)
 
 
 def test_train_cli(tmp_path, capsys):

@@ -14,8 +14,11 @@ from torch.nn import functional as F
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None,
            scale: float) -> torch.Tensor:
     """q [b, h, tq, d], k/v [b, hkv, tk, d] -> [b, tq, h*d]."""
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale,
-                                         enable_gqa=q.shape[1] != k.shape[1])
+    groups = int(q.shape[1]) // int(k.shape[1])                      # head counts are static
+    if torch.onnx.is_in_onnx_export() and groups > 1:                # the exporter lacks enable_gqa
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        groups = 1
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale, enable_gqa=groups > 1)
     b, h, tq, d = out.shape
     return out.transpose(1, 2).reshape(b, tq, h * d)
 
@@ -29,9 +32,9 @@ def causal_visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | No
     diff = q_pos[:, :, None] - k_pos[:, None, :]
     visible = torch.ones_like(diff, dtype=torch.bool)
     if causal:
-        visible &= diff >= 0
+        visible = visible & (diff >= 0)
     if window is not None:
-        visible &= diff < window
+        visible = visible & (diff < window)
         if not causal:
-            visible &= -diff < window
+            visible = visible & (-diff < window)
     return visible[:, None]

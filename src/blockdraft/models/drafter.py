@@ -241,17 +241,22 @@ class BlockDrafter(nn.Module):
         `cache` is a KVCache or a `ContextRead` (ragged batches); `block_valid` [b, rows] masks block
         rows a shorter block does not have (its keys must not be seen by the other slots).
         """
-        ctx = cache.context() if isinstance(cache, KVCache) else cache
-        b = anchor.shape[0]
-        ids = torch.full((b, rows), self.config.mask_token_id, dtype=torch.long, device=anchor.device)
+        ids = torch.full((anchor.shape[0], rows), self.config.mask_token_id, dtype=torch.long, device=anchor.device)
         ids[:, 0] = anchor
+        return self.block_hidden_of(ids, cache.context() if isinstance(cache, KVCache) else cache, block_valid)
+
+    def block_hidden_of(self, ids: torch.Tensor, ctx, block_valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden [b, rows, D] of block token ids [b, rows] over a `ContextRead` (whose `valid`
+        entries may be None: every context row is real, as in an exported graph)."""
         x = self.embed(ids)
-        q_pos = ctx.start[:, None] + torch.arange(rows, device=anchor.device)                # [b, rows]
+        q_pos = ctx.start[:, None] + torch.arange(ids.shape[1], device=ids.device)            # [b, rows]
         bv = torch.ones_like(q_pos, dtype=torch.bool) if block_valid is None else block_valid
         cos, sin = self.rotary.cos_sin(q_pos, x.dtype)
         for i, layer in enumerate(self.layers):
             k_pos = torch.cat([ctx.positions[i], q_pos], dim=1)
-            all_valid = block_valid is None and bool(ctx.valid[i].all())
-            k_valid = None if all_valid else torch.cat([ctx.valid[i], bv], dim=1)
+            valid = ctx.valid[i]
+            all_valid = block_valid is None and (valid is None or bool(valid.all()))
+            k_valid = None if all_valid else torch.cat([valid if valid is not None else
+                                                        torch.ones_like(ctx.positions[i], dtype=torch.bool), bv], dim=1)
             x = layer(x, cos, sin, ctx.keys[i], ctx.values[i], layer.visibility(q_pos, k_pos, k_valid))
         return self.norm(x)

@@ -1,8 +1,11 @@
-"""Drafter training losses on one teacher-forced block (DFlash and the DeepSpec DSpark recipe).
+"""Drafter training losses on teacher-forced blocks (DFlash and the DeepSpec DSpark recipe).
 
 An example is an anchor position s of a teacher sequence x: context = taps of x[:s], block
 = [x_s, mask, ...]; the slot predicting position t is labelled x_t, and the target's own
-distribution there is p_t = softmax(target_logits[t - 1]).
+distribution there is p_t = softmax(lm_head(final_hidden[t - 1])). Many anchors of one
+sequence are built at once: the context K/V are projected once and each anchor's block
+reads them through a `ContextRead` whose validity mask stops at that anchor — the same
+attention path inference takes, so training sees exactly what the runtime computes.
 """
 
 from __future__ import annotations
@@ -14,37 +17,66 @@ import torch
 from torch.nn import functional as F
 
 from ..models.drafter import BlockDrafter
+from ..models.kv_cache import ContextRead
 
 
 @dataclass
 class Block:
-    hidden: torch.Tensor          # [n, D] draft-slot hidden states
-    labels: torch.Tensor          # [n] teacher tokens at the predicted positions
-    prev: torch.Tensor            # [n] the true previous token (teacher-forced Markov input)
-    target_logits: torch.Tensor   # [n, V] the target's logits for those positions
+    hidden: torch.Tensor                 # [N, D] draft-slot hidden states (N = anchors × slots, flattened)
+    labels: torch.Tensor                 # [N] teacher tokens at the predicted positions
+    prev: torch.Tensor                   # [N] the true previous token (teacher-forced Markov input)
+    slot: torch.Tensor                   # [N] slot index k = 0.. within its block
+    weight: torch.Tensor                 # [N] 0 for slots past the sequence end, else 1
+    target_logits: torch.Tensor | None   # [N, V] the target's logits for those positions (DSpark only)
 
 
-def block_at(drafter: BlockDrafter, taps: torch.Tensor, target_logits: torch.Tensor, seq: torch.Tensor,
-             anchor: int) -> Block | None:
-    """taps [1, L, F], target_logits [L, V], seq [L] -> the block anchored at `anchor` (None if empty)."""
+def context_read(drafter: BlockDrafter, taps: torch.Tensor, anchors: torch.Tensor) -> ContextRead:
+    """taps [1, L, F] of a whole sequence, anchors [M] -> each anchor's context = rows [0, anchor)."""
+    n, m = taps.shape[1], anchors.shape[0]
+    positions = torch.arange(n)
+    ctx = drafter.hidden_norm(drafter.fc(taps.to(drafter.dtype)))                  # [1, L, D]
+    cos, sin = drafter.rotary.cos_sin(positions[None], drafter.dtype)
+    keys, values = [], []
+    for layer in drafter.layers:
+        k, v = layer.self_attn.context_kv(ctx, cos, sin)                            # [1, hkv, L, d]
+        keys.append(k.expand(m, -1, -1, -1))
+        values.append(v.expand(m, -1, -1, -1))
+    valid = positions[None, :] < anchors[:, None]                                   # [M, L]
+    layers = len(drafter.layers)
+    return ContextRead(keys, values, [positions[None].expand(m, -1)] * layers, [valid] * layers, anchors)
+
+
+def blocks_at(drafter: BlockDrafter, taps: torch.Tensor, final: torch.Tensor | None, seq: torch.Tensor,
+              anchors: torch.Tensor, head: torch.nn.Linear | None = None) -> Block:
+    """taps [1, L, F], final [L, H] (the target's post-norm hidden), seq [L], anchors [M] -> flattened blocks.
+
+    `head` (the target's LM head) turns `final` into target logits; only DSpark's loss needs them.
+    """
     cfg = drafter.config
+    n = cfg.num_draft_tokens
     first = 0 if cfg.shift_label else 1
-    positions = torch.arange(cfg.num_draft_tokens) + anchor + 1          # positions the drafts predict
-    positions = positions[positions < seq.shape[0]]
-    if positions.numel() == 0:
-        return None
-    cache = drafter.new_cache(1, anchor + cfg.block_size)
-    drafter.extend_context(taps[:, :anchor], cache)
-    hidden = drafter.block_hidden(seq[anchor:anchor + 1], cfg.block_size, cache)[0]
-    hidden = hidden[first:first + positions.numel()]
-    return Block(hidden, seq[positions], seq[positions - 1], target_logits[positions - 1])
+    hidden = drafter.block_hidden(seq[anchors], cfg.block_size, context_read(drafter, taps, anchors))
+    hidden = hidden[:, first:first + n]                                             # [M, n, D]
+    positions = anchors[:, None] + 1 + torch.arange(n)                              # [M, n] predicted positions
+    weight = (positions < seq.shape[0]).float()
+    positions = positions.clamp(max=seq.shape[0] - 1)
+    target_logits = None
+    if head is not None and final is not None:
+        with torch.no_grad():
+            target_logits = head(final[positions - 1].reshape(-1, final.shape[-1])).float()
+    return Block(hidden.reshape(-1, hidden.shape[-1]), seq[positions].reshape(-1), seq[positions - 1].reshape(-1),
+                 torch.arange(n).repeat(anchors.shape[0]), weight.reshape(-1), target_logits)
+
+
+def _weighted(values: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (values * w).sum() / w.sum().clamp_min(1e-6)
 
 
 def dflash_loss(drafter: BlockDrafter, block: Block, gamma: float = 4.0) -> dict:
     """Cross-entropy per slot, weighted exp(-(k-1)/gamma) for slot k = 1..n."""
     logits = drafter.logits(block.hidden).float()
-    w = torch.tensor([math.exp(-k / gamma) for k in range(len(block.labels))])
-    loss = (F.cross_entropy(logits, block.labels, reduction="none") * w).sum() / w.sum()
+    w = torch.exp(-block.slot.float() / gamma) * block.weight
+    loss = _weighted(F.cross_entropy(logits, block.labels, reduction="none"), w)
     return {"loss": loss, "ce": loss.detach()}
 
 
@@ -52,18 +84,20 @@ def dspark_loss(drafter: BlockDrafter, block: Block, ce_alpha: float = 0.1, l1_a
                 conf_alpha: float = 1.0) -> dict:
     """DeepSpec: 0.1 CE + 0.9 L1(softmax(z), p) with z = logits + W2(W1[prev]) (teacher-forced),
     position weights exp(-k/4); the confidence head regresses (BCE) onto 1 - ½‖softmax(z) - p‖₁."""
+    if block.target_logits is None:
+        raise ValueError("dspark_loss needs the target's logits: build the block with head=target.lm_head")
     bias, embed = drafter.markov_head(block.prev)
-    z = drafter.logits(block.hidden).float() + bias                            # [n, V]
-    p = torch.softmax(block.target_logits.float(), dim=-1)
-    w = torch.tensor([math.exp(-k / 4) for k in range(len(block.labels))])
+    z = drafter.logits(block.hidden).float() + bias                            # [N, V]
+    p = torch.softmax(block.target_logits, dim=-1)
+    w = torch.exp(-block.slot.float() / 4) * block.weight
     ce = F.cross_entropy(z, block.labels, reduction="none")
     l1 = (torch.softmax(z, dim=-1) - p).abs().sum(-1)                          # in [0, 2]
-    loss = ((ce_alpha * ce + l1_alpha * l1) * w).sum() / w.sum()
-    out = {"ce": (ce * w).sum().detach() / w.sum(), "l1": (l1 * w).sum().detach() / w.sum()}
+    loss = _weighted(ce_alpha * ce + l1_alpha * l1, w)
+    out = {"ce": _weighted(ce, w).detach(), "l1": _weighted(l1, w).detach()}
     if drafter.config.enable_confidence_head:
         conf = drafter.confidence_head(block.hidden, embed if drafter.config.confidence_head_with_markov else None)
         goal = (1 - 0.5 * l1).detach().clamp(0, 1)
-        bce = F.binary_cross_entropy_with_logits(conf, goal)
+        bce = _weighted(F.binary_cross_entropy_with_logits(conf, goal, reduction="none"), block.weight)
         loss = loss + conf_alpha * bce
         out["confidence_bce"] = bce.detach()
     out["loss"] = loss

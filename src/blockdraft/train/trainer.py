@@ -1,15 +1,19 @@
 """`blockdraft train`: distil a drafter from its target's own greedy text, resumably.
 
-Data: the target's greedy continuations of a prompt set (the DFlash/DSpark recipe),
-with taps and target logits recomputed per sequence. Each step averages the
-kind's loss over random anchors. `out_dir` holds `trainer_state.pt` (resume), and
-at the end the drafter in its published layout (z-lab DFlash / DeepSeek DSpark,
-bf16, reusing the target's embedding and LM head), `training.json` and a plot.
+Data: the target's greedy responses to a prompt set (the DFlash/DSpark recipe), generated
+by the batch engine, then one teacher-forced pass per sequence records the drafter's taps
+and the target's final hidden state (its logits are recomputed from it when a loss needs
+them, so the data stays small). Each step draws `seqs_per_step` sequences and
+`anchors_per_seq` anchors in each, builds all their blocks at once (`losses.blocks_at`)
+and averages the kind's loss. `out_dir` holds `trainer_state.pt` (resume), and at the end
+the drafter in its published layout (z-lab DFlash / DeepSeek DSpark, bf16, reusing the
+target's embedding and LM head), `training.json` and a plot.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,27 +25,85 @@ from ..decode import generate_one
 from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
 from ..sampling.params import SamplingParams
-from .losses import block_at, dflash_loss, dspark_loss
+from .losses import blocks_at, dflash_loss, dspark_loss
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = 200
     lr: float = 3e-3
-    anchors_per_step: int = 8
+    warmup: int = 10                  # linear warmup steps, then cosine decay to 10% of lr
+    seqs_per_step: int = 2
+    anchors_per_seq: int = 8
     seed: int = 0
     save_every: int = 50
     new_tokens: int = 64
 
 
+@dataclass
+class TeacherSeq:
+    ids: torch.Tensor     # [L] prompt + the target's response
+    taps: torch.Tensor    # [1, L, F] the drafter's tap layers, packed
+    final: torch.Tensor   # [L, H] the target's post-norm last hidden (logits = lm_head(final))
+    response_start: int   # first response position; anchors start one before it
+
+    @property
+    def anchor_range(self) -> tuple[int, int]:
+        """[lo, hi): anchors whose first predicted position is a response token."""
+        return max(1, self.response_start - 1), len(self.ids) - 1
+
+
+def _greedy_responses(target: TargetModel, prompts: list[list[int]], new_tokens: int, eos_ids: frozenset[int],
+                      max_batch: int, progress: bool) -> list[list[int]]:
+    from ..cache.plan import KVGeometry
+    from ..engine.engine import EngineConfig, LLMEngine
+
+    longest = -(-(max(len(p) for p in prompts) + new_tokens) // 16) * 16     # a whole number of cache blocks
+    blocks = max_batch * (longest // 16 + 2) + 16
+    engine = LLMEngine(target, None, EngineConfig(
+        max_batch=max_batch, max_model_len=longest, adaptive_speculation=False,
+        cache_budget_bytes=blocks * 16 * KVGeometry.of(target.config, target).bytes_per_token), eos_ids)
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=not eos_ids)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(prompts), desc="teacher responses", unit="seq")
+    out = []
+    for i in range(0, len(prompts), max_batch):
+        chunk = prompts[i:i + max_batch]
+        out += [o.token_ids for o in engine.generate(chunk, params)]
+        if bar:
+            bar.update(len(chunk))
+    if bar:
+        bar.close()
+    return out
+
+
 @torch.no_grad()
-def teacher_data(target: TargetModel, prompts: list[list[int]], new_tokens: int, taps: tuple[int, ...]):
-    """(sequence, taps [1, L, F], target logits [L, V]) for each prompt's greedy continuation."""
-    data = []
-    for p in prompts:
-        seq = p + generate_one(target, p, SamplingParams(max_tokens=new_tokens, ignore_eos=True)).token_ids
-        out = target(torch.tensor([seq]), tap_layers=taps)
-        data.append((torch.tensor(seq), out.taps, out.logits[0]))
+def teacher_data(target: TargetModel, prompts: list[list[int]], new_tokens: int, taps: tuple[int, ...],
+                 eos_ids: frozenset[int] = frozenset(), max_batch: int = 32, progress: bool = False
+                 ) -> list[TeacherSeq]:
+    """Each prompt + the target's greedy response (stopping at `eos_ids`), with taps and final hidden."""
+    last = target.config.num_layers - 1
+    layers = tuple(taps) + ((last,) if last not in taps else ())
+    responses = _greedy_responses(target, prompts, new_tokens, eos_ids, max_batch, progress)
+    seqs = [p + r for p, r in zip(prompts, responses)]
+    width = target.config.hidden_size
+    data: list[TeacherSeq | None] = [None] * len(seqs)
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    for i in range(0, len(order), 16):  # right-padded batches: causal attention keeps the real rows exact
+        group = order[i:i + 16]
+        longest = len(seqs[group[-1]])
+        ids = torch.zeros(len(group), longest, dtype=torch.long)
+        for row, j in enumerate(group):
+            ids[row, :len(seqs[j])] = torch.tensor(seqs[j])
+        packed = target(ids, tap_layers=layers, logits_at=torch.zeros(len(group), dtype=torch.long)).taps
+        for row, j in enumerate(group):
+            n = len(seqs[j])
+            data[j] = TeacherSeq(ids[row, :n].clone(), packed[row:row + 1, :n, :len(taps) * width].clone(),
+                                 packed[row, :n, layers.index(last) * width:(layers.index(last) + 1) * width].clone(),
+                                 len(prompts[j]))
     return data
 
 
@@ -52,13 +114,26 @@ def mean_acceptance(target: TargetModel, drafter: BlockDrafter, prompts: list[li
     return sum(lengths) / max(1, len(lengths))
 
 
-def fit(drafter: BlockDrafter, data: list, cfg: TrainConfig, state_path: Path | None = None,
-        progress: bool = True) -> list[dict]:
-    """The optimisation loop over teacher data; resumes from / checkpoints to `state_path`."""
+def _lr_scale(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup:
+        return (step + 1) / cfg.warmup
+    done = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, done)))
+
+
+def fit(drafter: BlockDrafter, data: list[TeacherSeq], cfg: TrainConfig, state_path: Path | None = None,
+        progress: bool = True, head: torch.nn.Linear | None = None) -> list[dict]:
+    """The optimisation loop over teacher data; resumes from / checkpoints to `state_path`.
+
+    `head` is the target's LM head (DSpark's loss needs the target distribution).
+    """
+    data = [d for d in data if d.anchor_range[1] > d.anchor_range[0]]
+    if not data:
+        raise ValueError("no teacher sequence is long enough to hold a block")
     params = [p for p in drafter.parameters()]
     for p in params:
         p.requires_grad_(True)
-    opt = torch.optim.Adam(params, lr=cfg.lr)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
     history: list[dict] = []
     start = 0
@@ -68,7 +143,9 @@ def fit(drafter: BlockDrafter, data: list, cfg: TrainConfig, state_path: Path | 
         opt.load_state_dict(state["optim"])
         gen.set_state(state["rng"])
         history, start = state["history"], state["step"]
-    loss_fn = dspark_loss if drafter.config.kind == "dspark" else dflash_loss
+    dspark = drafter.config.kind == "dspark"
+    if dspark and head is None:
+        head = drafter.shared.lm_head
     bar = None
     if progress:
         from tqdm import tqdm
@@ -76,17 +153,20 @@ def fit(drafter: BlockDrafter, data: list, cfg: TrainConfig, state_path: Path | 
         bar = tqdm(total=cfg.steps, initial=start, desc=f"training {drafter.config.kind}", unit="step")
     drafter.train()
     for step in range(start, cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr * _lr_scale(step, cfg)
         opt.zero_grad()
         totals: dict[str, float] = {}
-        for _ in range(cfg.anchors_per_step):
-            seq, taps, logits = data[int(torch.randint(len(data), (1,), generator=gen))]
-            block = block_at(drafter, taps, logits, seq, int(torch.randint(1, len(seq) - 1, (1,), generator=gen)))
-            if block is None:
-                continue
-            parts = loss_fn(drafter, block)
-            (parts["loss"] / cfg.anchors_per_step).backward()
+        for _ in range(cfg.seqs_per_step):
+            seq = data[int(torch.randint(len(data), (1,), generator=gen))]
+            lo, hi = seq.anchor_range
+            anchors = lo + torch.randperm(hi - lo, generator=gen)[:cfg.anchors_per_seq]
+            block = blocks_at(drafter, seq.taps, seq.final, seq.ids, anchors, head if dspark else None)
+            parts = (dspark_loss if dspark else dflash_loss)(drafter, block)
+            (parts["loss"] / cfg.seqs_per_step).backward()
             for k, v in parts.items():
-                totals[k] = totals.get(k, 0.0) + float(v.detach()) / cfg.anchors_per_step
+                totals[k] = totals.get(k, 0.0) + float(v.detach()) / cfg.seqs_per_step
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         history.append({"step": step + 1, **totals})
         if bar:
@@ -102,13 +182,17 @@ def fit(drafter: BlockDrafter, data: list, cfg: TrainConfig, state_path: Path | 
 
 
 def train(drafter: BlockDrafter, target: TargetModel, prompts: list[list[int]], eval_prompts: list[list[int]],
-          cfg: TrainConfig, out_dir: Path, progress: bool = True) -> dict:
+          cfg: TrainConfig, out_dir: Path, progress: bool = True, eos_ids: frozenset[int] = frozenset(),
+          data: list[TeacherSeq] | None = None) -> dict:
     """Teacher data → `fit` (resumable) → published checkpoint, training.json, plot."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    data = teacher_data(target, prompts, cfg.new_tokens, drafter.config.target_layer_ids)
+    if data is None:
+        data = teacher_data(target, prompts, cfg.new_tokens, drafter.config.target_layer_ids, eos_ids,
+                            progress=progress)
     t0 = time.perf_counter()
-    history = fit(drafter, data, cfg, out_dir / "trainer_state.pt", progress)
+    history = fit(drafter, data, cfg, out_dir / "trainer_state.pt", progress, target.lm_head)
     summary = {"config": asdict(cfg), "train_seconds": time.perf_counter() - t0, "history": history,
+               "teacher_sequences": len(data), "teacher_tokens": sum(len(d.ids) for d in data),
                "final_loss": history[-1]["loss"] if history else None,
                "validation_mean_al": mean_acceptance(target, drafter, eval_prompts, cfg.new_tokens)}
     save_drafter(drafter, target, out_dir)

@@ -1,0 +1,1 @@
+"""`blockdraft bench`: held-out prompt sets through AR, each drafter and HF transformers."""

@@ -1,0 +1,196 @@
+"""The benchmark: per prompt set and temperature, AR vs each drafter vs HF `generate`, batch 1.
+
+Modes run side by side for each prompt (AR, drafters, HF, in that order), so machine noise
+hits them alike; each repeat gives a tokens/s per mode (generated tokens / wall time,
+prefill included, as HF's is) and a speedup vs AR in the same repeat; the report keeps the
+medians. Acceptance statistics come from the first repeat (seeded, so repeats agree).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..decode import generate_one
+from ..errors import ConfigError
+from ..loading import load_drafter, load_target
+from ..sampling.params import SamplingParams
+from ..sampling.stops import StopCriteria
+from ..tokenizer import Tokenizer
+from .prompt_sets import SETS, load_set
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    sets: tuple[str, ...] = SETS
+    prompts_per_set: int = 8
+    max_new_tokens: int = 128
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    repeats: int = 3
+    hf_baseline: bool = True
+    dtype: str = "bfloat16"
+    seed: int = 0
+
+
+@dataclass
+class ModeStats:
+    tokens_per_s: list[float] = field(default_factory=list)      # per repeat
+    speedup_vs_ar: list[float] = field(default_factory=list)     # per repeat
+    acceptance_lengths: list[int] = field(default_factory=list)  # every verify step, first repeat
+    tokens: int = 0
+    greedy_matches_ar: int = 0                                   # prompts whose tokens equal AR's (T=0)
+
+    def summary(self, block: int | None) -> dict:
+        out = {"tokens_per_s": statistics.median(self.tokens_per_s) if self.tokens_per_s else None,
+               "tokens_per_s_repeats": self.tokens_per_s, "tokens": self.tokens,
+               "speedup_vs_ar": statistics.median(self.speedup_vs_ar) if self.speedup_vs_ar else None,
+               "greedy_matches_ar": self.greedy_matches_ar}
+        if block:
+            out.update(acceptance_summary(self.acceptance_lengths, block))
+        return out
+
+
+def acceptance_summary(lengths: list[int], max_len: int) -> dict:
+    """Mean AL, histogram over 1..max_len, and per-position acceptance: the share of verify steps
+    whose draft k (k = 1..max_len-1) was accepted."""
+    steps = max(1, len(lengths))
+    hist = [sum(1 for a in lengths if a == k) for k in range(1, max_len + 1)]
+    return {"mean_al": sum(lengths) / steps if lengths else None, "steps": len(lengths), "al_histogram": hist,
+            "per_position_acceptance": [sum(1 for a in lengths if a > k) / steps for k in range(1, max_len)]}
+
+
+class HFBaseline:
+    """The same prompts through transformers' `generate` (same weights, same dtype)."""
+
+    def __init__(self, target_dir: Path, dtype: torch.dtype, eos_ids: list[int]):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).eval()
+        self.eos_ids = eos_ids
+
+    @torch.inference_mode()
+    def generate(self, prompt: list[int], params: SamplingParams) -> list[int]:
+        ids = torch.tensor([prompt])
+        sample = params.temperature > 0
+        if sample:
+            torch.manual_seed(params.seed or 0)
+        out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=params.max_tokens,
+                                  do_sample=sample, temperature=params.temperature if sample else None,
+                                  top_k=0 if sample else None, top_p=1.0 if sample else None,
+                                  eos_token_id=self.eos_ids, pad_token_id=self.eos_ids[0])
+        return out[0, len(prompt):].tolist()
+
+
+def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig, progress: bool = True) -> dict:
+    target = load_target(target_dir, cfg.dtype)
+    drafters = {name: load_drafter(path, target) for name, path in drafter_dirs.items()}
+    tok = Tokenizer(target_dir)
+    eos = sorted(set(target.config.eos_token_ids) | ({tok.eos_token_id} if tok.eos_token_id is not None else set()))
+    stop = StopCriteria(eos_ids=frozenset(eos))
+    hf = HFBaseline(target_dir, target.dtype, eos) if cfg.hf_baseline else None
+    modes = ["ar", *drafters] + (["hf"] if hf else [])
+    prompts = {s: [tok.encode_chat([{"role": "user", "content": p}]) for p in load_set(s, cfg.prompts_per_set)]
+               for s in cfg.sets}
+    limit = target.config.max_position_embeddings
+    for set_name, set_prompts in prompts.items():  # refuse before any work starts
+        for i, p in enumerate(set_prompts):
+            if len(p) + cfg.max_new_tokens > limit:
+                raise ConfigError(f"set {set_name!r} prompt {i}: {len(p)} tokens + max_new_tokens "
+                                  f"{cfg.max_new_tokens} exceeds max_position_embeddings={limit}")
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.repeats * len(cfg.temperatures) * sum(map(len, prompts.values())) * len(modes),
+                   desc="bench", unit="gen")
+    results: dict = {}
+    for set_name, set_prompts in prompts.items():
+        for temp in cfg.temperatures:
+            stats = {m: ModeStats() for m in modes}
+            for rep in range(cfg.repeats):
+                seconds = dict.fromkeys(modes, 0.0)
+                counts = dict.fromkeys(modes, 0)
+                for i, prompt in enumerate(set_prompts):
+                    params = SamplingParams(max_tokens=cfg.max_new_tokens, temperature=temp,
+                                            seed=cfg.seed + i if temp > 0 else None)
+                    ar_tokens = None
+                    for mode in modes:
+                        t0 = time.perf_counter()
+                        if mode == "hf":
+                            tokens, lengths = hf.generate(prompt, params), []
+                        else:
+                            g = generate_one(target, prompt, params, drafters.get(mode), stop)
+                            tokens, lengths = g.token_ids, g.acceptance_lengths
+                        seconds[mode] += time.perf_counter() - t0
+                        counts[mode] += len(tokens)
+                        if mode == "ar":
+                            ar_tokens = tokens
+                        if rep == 0:
+                            stats[mode].acceptance_lengths += lengths
+                            stats[mode].tokens += len(tokens)
+                            stats[mode].greedy_matches_ar += int(temp == 0 and tokens == ar_tokens)
+                        if bar:
+                            bar.update(1)
+                tps = {m: counts[m] / seconds[m] if seconds[m] else 0.0 for m in modes}
+                for m in modes:
+                    stats[m].tokens_per_s.append(tps[m])
+                    stats[m].speedup_vs_ar.append(tps[m] / tps["ar"] if tps["ar"] else 0.0)
+            results.setdefault(set_name, {})[f"T={temp:g}"] = {
+                m: stats[m].summary(drafters[m].config.num_draft_tokens + 1 if m in drafters else None)
+                for m in modes}
+    if bar:
+        bar.close()
+    return {"config": asdict(cfg), "target": str(target_dir), "drafters": {k: str(v) for k, v in drafter_dirs.items()},
+            "torch_threads": torch.get_num_threads(), "results": results}
+
+
+def table(report: dict) -> str:
+    """A markdown table: one row per set × temperature × mode."""
+    rows = ["| set | T | mode | tok/s | speedup vs AR | mean AL | greedy = AR |", "|---|---|---|---|---|---|---|"]
+    for set_name, temps in report["results"].items():
+        for temp, modes in temps.items():
+            n = report["config"]["prompts_per_set"]
+            for mode, s in modes.items():
+                al = f"{s['mean_al']:.2f}" if s.get("mean_al") else "–"
+                same = f"{s['greedy_matches_ar']}/{n}" if temp == "T=0" and mode != "ar" else "–"
+                rows.append(f"| {set_name} | {temp[2:]} | {mode} | {s['tokens_per_s']:.1f} | "
+                            f"{s['speedup_vs_ar']:.2f}× | {al} | {same} |")
+    return "\n".join(rows)
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = report["results"]
+    drafters = list(report["drafters"])
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    labels, width = [], 0.8 / (len(drafters) + 1)
+    keys = [(s, t) for s, temps in results.items() for t in temps]
+    for j, mode in enumerate(drafters + (["hf"] if report["config"]["hf_baseline"] else [])):
+        ax1.bar([i + j * width for i in range(len(keys))], [results[s][t][mode]["speedup_vs_ar"] for s, t in keys],
+                width, label=mode)
+    labels = [f"{s}\n{t}" for s, t in keys]
+    ax1.set_xticks([i + width * len(drafters) / 2 for i in range(len(keys))], labels, fontsize=8)
+    ax1.axhline(1.0, color="gray", lw=0.8)
+    ax1.set_ylabel("tokens/s ÷ our AR (batch 1)")
+    ax1.legend()
+    for mode in drafters:
+        for s, t in keys:
+            if t != "T=0":
+                continue
+            curve = results[s][t][mode]["per_position_acceptance"]
+            ax2.plot(range(1, len(curve) + 1), curve, marker="o", label=f"{mode} {s}")
+    ax2.set_xlabel("draft position k")
+    ax2.set_ylabel("share of steps with draft k accepted (greedy)")
+    ax2.set_ylim(0, 1)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,169 @@
+"""`blockdraft export onnx`: target + drafter graphs, shared initializers, runtime JSON.
+
+Layout of OUT_DIR:
+  target.onnx (+ target.onnx.data)     logits, packed taps (`hidden_states`), present K/V
+  drafter.onnx (+ drafter.onnx.data)   candidate lattice + present drafter K/V
+  shared_weights.bin                   tensors both graphs use (the target's embedding and LM head),
+                                       stored once and referenced by both as external initializers
+  genai_config.json                    `model.decoder` + `model.dspark` | `model.dflash2` (never both)
+  tokenizer.json, tokenizer_config.json (copied from the target)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError
+from ..loading import load_drafter, load_target
+from .graphs import DrafterGraph, TargetGraph
+
+LATTICE_KINDS = ("dspark", "dflash2")
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+ONNX_DTYPE = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+
+def cache_names(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}.{i}.{kv}" for i in range(n) for kv in ("key", "value")]
+
+
+def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | Path, dtype: str = "fp32",
+                top_k: int | None = None, opset: int = 18) -> Path:
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype must be fp32 or bf16, got {dtype!r}")
+    torch_dtype = DTYPES[dtype]
+    target = load_target(Path(target_dir), torch_dtype)       # validates the target checkpoint
+    drafter = load_drafter(Path(drafter_dir), target)          # validates taps, fc width, vocab, heads
+    cfg = drafter.config
+    if cfg.kind not in LATTICE_KINDS:
+        raise ConfigError(f"export onnx writes the ORT-GenAI lattice contract, which covers dspark and dflash2 "
+                          f"drafters; {drafter_dir} resolves to kind={cfg.kind!r}")
+    if cfg.kind == "dflash2":
+        if top_k is not None and top_k != cfg.selector_top_k:
+            raise ConfigError(f"--top-k {top_k}: a dflash2 selector is trained for selector_top_k="
+                              f"{cfg.selector_top_k}; omit --top-k or pass that value")
+        top_k = cfg.selector_top_k
+    top_k = 8 if top_k is None else top_k
+    if not 1 <= top_k <= cfg.vocab_size:
+        raise ConfigError(f"--top-k must be in [1, vocab_size={cfg.vocab_size}], got {top_k}")
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+
+    taps = tuple(cfg.target_layer_ids)
+    t, d = target.config, cfg
+    tgt_past = [torch.zeros(1, t.num_kv_heads, 2, t.head_dim, dtype=torch_dtype) for _ in range(2 * t.num_layers)]
+    tgt_in = cache_names("past_key_values", t.num_layers)
+    tgt_out = cache_names("present", t.num_layers)
+    _export(TargetGraph(target, taps), (torch.tensor([[1, 2, 3]]), torch.tensor([[2, 3, 4]]), *tgt_past),
+            tmp / "target.onnx", ["input_ids", "position_ids", *tgt_in], ["logits", "hidden_states", *tgt_out],
+            {"input_ids": {0: "batch", 1: "seq"}, "position_ids": {0: "batch", 1: "seq"},
+             **{n: {0: "batch", 2: "past_seq"} for n in tgt_in}, **{n: {0: "batch", 2: "total_seq"} for n in tgt_out}},
+            opset)
+    feat = len(taps) * t.hidden_size
+    dr_past = [torch.zeros(1, d.num_kv_heads, 2, d.head_dim, dtype=torch_dtype) for _ in range(2 * d.num_layers)]
+    dr_in = cache_names("past_key_values", d.num_layers)
+    dr_out = cache_names("present", d.num_layers)
+    block = torch.full((1, d.block_size), d.mask_token_id)
+    _export(DrafterGraph(drafter, top_k), (torch.zeros(1, 3, feat, dtype=torch_dtype), torch.tensor([[2, 3, 4]]),
+                                           block, *dr_past),
+            tmp / "drafter.onnx", ["hidden_states", "position_ids", "input_ids", *dr_in],
+            ["draft_candidate_ids", "draft_scores", *dr_out],
+            {"hidden_states": {0: "batch", 1: "seq"}, "position_ids": {0: "batch", 1: "seq"}, "input_ids": {0: "batch"},
+             **{n: {0: "batch", 2: "past_seq"} for n in dr_in}, **{n: {0: "batch", 2: "total_seq"} for n in dr_out},
+             "draft_candidate_ids": {0: "batch"}, "draft_scores": {0: "batch"}},
+            opset)
+    shared = share_initializers(tmp, ["target.onnx", "drafter.onnx"])
+    runtime = runtime_json(target, drafter, top_k, torch_dtype, shared)
+    (tmp / "genai_config.json").write_text(json.dumps(runtime, indent=1) + "\n")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (Path(target_dir) / name).is_file():
+            shutil.copy(Path(target_dir) / name, tmp / name)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def _export(module, args, path: Path, inputs, outputs, dynamic_axes, opset: int) -> None:
+    import warnings
+
+    module.eval()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, str(path), input_names=inputs, output_names=outputs,
+                          dynamic_axes=dynamic_axes, opset_version=opset, dynamo=False, do_constant_folding=False)  # keep shared bytes intact
+
+
+def share_initializers(folder: Path, names: list[str], threshold: int = 1024) -> list[str]:
+    """Store initializers that appear (byte-identical) in several graphs once, in shared_weights.bin,
+    as external data both graphs point to; each graph's other large initializers go to GRAPH.data."""
+    import onnx
+    from onnx.external_data_helper import set_external_data
+
+    models = {n: onnx.load(str(folder / n)) for n in names}
+    owners: dict[str, list] = {}
+    for n, m in models.items():
+        for init in m.graph.initializer:
+            if len(init.raw_data) >= threshold:
+                owners.setdefault(hashlib.sha256(init.raw_data).hexdigest(), []).append((n, init))
+    shared_names, offset = [], 0
+    with open(folder / "shared_weights.bin", "wb") as shared:
+        for digest, uses in owners.items():
+            if len({n for n, _ in uses}) < 2:
+                continue
+            data = uses[0][1].raw_data
+            shared.write(data)
+            for _, init in uses:
+                set_external_data(init, "shared_weights.bin", offset, len(data))
+                init.ClearField("raw_data")
+                init.data_location = onnx.TensorProto.EXTERNAL
+                shared_names.append(init.name)
+            offset += len(data)
+    for n, m in models.items():
+        own, own_offset = folder / f"{n}.data", 0
+        with open(own, "wb") as f:
+            for init in m.graph.initializer:
+                if init.HasField("raw_data") and len(init.raw_data) >= threshold:
+                    f.write(init.raw_data)
+                    set_external_data(init, own.name, own_offset, len(init.raw_data))
+                    own_offset += len(init.raw_data)
+                    init.ClearField("raw_data")
+                    init.data_location = onnx.TensorProto.EXTERNAL
+        onnx.save_model(m, str(folder / n))
+    return sorted(set(shared_names))
+
+
+def runtime_json(target, drafter, top_k: int, dtype: torch.dtype, shared: list[str]) -> dict:
+    t, d = target.config, drafter.config
+    layers = [{"kind": "ring" if layer.window else "full", "window": layer.window} for layer in drafter.layers]
+    kinds = {layer["kind"] for layer in layers}
+    section = {
+        "filename": "drafter.onnx", "block_size": d.block_size, "num_draft_tokens": d.num_draft_tokens,
+        "top_k": top_k, "mask_token_id": d.mask_token_id, "target_layer_ids": list(d.target_layer_ids),
+        "shift_label": d.shift_label, "hidden_size": d.hidden_size, "num_hidden_layers": d.num_layers,
+        "num_key_value_heads": d.num_kv_heads, "head_size": d.head_dim,
+        "cache": {"kind": kinds.pop() if len(kinds) == 1 else "mixed", "dtype": ONNX_DTYPE[dtype], "layers": layers},
+        "inputs": {"hidden_states": "hidden_states", "position_ids": "position_ids", "input_ids": "input_ids",
+                   "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
+        "outputs": {"candidate_ids": "draft_candidate_ids", "scores": "draft_scores",
+                    "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"},
+    }
+    if d.kind == "dspark":
+        section["markov_rank"] = d.markov_rank
+    decoder = {
+        "filename": "target.onnx", "vocab_size": t.vocab_size, "hidden_size": t.hidden_size,
+        "num_hidden_layers": t.num_layers, "num_key_value_heads": t.num_kv_heads, "head_size": t.head_dim,
+        "context_length": t.max_position_embeddings, "eos_token_id": list(t.eos_token_ids),
+        "tap_layers": list(d.target_layer_ids), "dtype": ONNX_DTYPE[dtype],
+        "inputs": {"input_ids": "input_ids", "position_ids": "position_ids",
+                   "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
+        "outputs": {"logits": "logits", "hidden_states": "hidden_states",
+                    "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"},
+    }
+    return {"model": {"type": "blockdraft", "vocab_size": t.vocab_size, "shared_initializers": shared,
+                      "decoder": decoder, d.kind: section}}

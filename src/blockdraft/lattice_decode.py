@@ -1,0 +1,121 @@
+"""One sequence through a lattice backend: prefill → (draft lattice → walk → verify → accept)*.
+
+The same loop drives the onnxruntime backend (`export/runtime.py`) and `TorchLatticeBackend`
+(blockdraft's own modules with the same graph semantics), so the two can be compared token
+for token. A backend holds the target and drafter caches; the loop tells it what is committed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import torch
+
+from .decode import Generation
+from .models.drafter import BlockDrafter
+from .models.target import TargetModel
+from .sampling.params import SamplingParams
+from .sampling.probs import pick, sampling_probs
+from .sampling.stops import StopCriteria
+from .spec.lattice import Lattice, dflash2_lattice, dspark_lattice, walk
+from .spec.propose import draft_slots
+from .spec.verify import greedy_accept, rejection_accept
+
+
+class LatticeBackend(Protocol):
+    vocab_size: int
+    block_size: int
+    num_draft_tokens: int
+    mask_token_id: int
+
+    def reset(self) -> None: ...
+    def target_step(self, ids: list[int], start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run ids at positions start.. over the committed target cache [0, start):
+        logits [t, V] fp32, taps [t, F]. Rows are not committed until `commit_target`."""
+    def commit_target(self, length: int) -> None: ...
+    def draft(self, new_taps: torch.Tensor, new_start: int, block_ids: list[int]) -> Lattice:
+        """Append committed context rows (taps [t, F] at positions new_start..) and draft the block
+        that follows them. Returns the lattice [1, n, K] / [1, n, K, K]."""
+
+
+def lattice_generate(backend: LatticeBackend, prompt_ids: list[int], params: SamplingParams,
+                     stop: StopCriteria | None = None) -> Generation:
+    stop = stop or StopCriteria()
+    generator = params.generator()
+    backend.reset()
+    t0 = time.perf_counter()
+    logits, taps = backend.target_step(prompt_ids, 0)
+    backend.commit_target(len(prompt_ids))
+    tokens = [int(pick(logits[-1], params, generator))]
+    gen = Generation(tokens)
+    gen.prefill_s = time.perf_counter() - t0
+    pending, pending_start = taps, 0              # context rows the drafter has not seen yet
+    max_length = len(prompt_ids) + params.max_tokens
+    start = len(prompt_ids)                       # absolute position of the anchor
+    hit = stop.first_stop(tokens, 0)
+    while hit is None and start + 1 < max_length:
+        block = [tokens[-1]] + [backend.mask_token_id] * (backend.block_size - 1)
+        lattice = backend.draft(pending, pending_start, block)
+        drafts, draft_probs = walk(lattice, params, generator, backend.vocab_size)
+        n = min(backend.num_draft_tokens, max_length - start - 1)
+        drafts = drafts[0, :n]
+        logits, taps = backend.target_step([tokens[-1]] + drafts.tolist(), start)     # [1 + n, V]
+        if params.greedy:
+            accepted, next_token = greedy_accept(drafts, logits)
+        else:
+            accepted, next_token = rejection_accept(drafts, draft_probs[0, :n], sampling_probs(logits, params),
+                                                    generator)
+        new = drafts[:accepted].tolist() + [next_token]
+        produced = min(len(new), max_length - start - 1)
+        tokens.extend(new[:produced])
+        hit = stop.first_stop(tokens, len(tokens) - produced)
+        if hit is not None:
+            produced -= len(tokens) - hit[0]
+            del tokens[hit[0]:]
+        backend.commit_target(start + produced)
+        pending, pending_start = taps[:produced], start
+        gen.acceptance_lengths.append(produced)
+        start += produced
+    gen.decode_s = time.perf_counter() - t0 - gen.prefill_s
+    if hit is not None:
+        gen.finish_reason = hit[1]
+    return gen
+
+
+class TorchLatticeBackend:
+    """blockdraft's torch modules behind the lattice-backend interface (contiguous caches)."""
+
+    def __init__(self, target: TargetModel, drafter: BlockDrafter, top_k: int = 8, capacity: int = 1024):
+        cfg = drafter.config
+        self.target, self.drafter, self.capacity = target, drafter, capacity
+        self.top_k = cfg.selector_top_k if cfg.kind == "dflash2" else top_k
+        self.vocab_size, self.block_size = cfg.vocab_size, cfg.block_size
+        self.num_draft_tokens, self.mask_token_id = cfg.num_draft_tokens, cfg.mask_token_id
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = self.target.new_cache(1, self.capacity)
+        self.draft_cache = self.drafter.new_cache(1, self.capacity)
+
+    @torch.inference_mode()
+    def target_step(self, ids: list[int], start: int):
+        self.cache.truncate(start)
+        out = self.target(torch.tensor([ids]), self.cache, self.drafter.config.target_layer_ids)
+        return out.logits[0].float(), out.taps[0]
+
+    def commit_target(self, length: int) -> None:
+        self.cache.truncate(length)
+
+    @torch.inference_mode()
+    def draft(self, new_taps: torch.Tensor, new_start: int, block_ids: list[int]) -> Lattice:
+        d = self.drafter
+        assert self.draft_cache.length == new_start, (self.draft_cache.length, new_start)
+        d.extend_context(new_taps[None], self.draft_cache)
+        hidden = d.block_hidden_of(torch.tensor([block_ids]), self.draft_cache.context())
+        slots = draft_slots(d, hidden, d.config.num_draft_tokens)
+        logits = d.logits(slots)
+        anchor = torch.tensor(block_ids[:1])
+        if d.config.kind == "dspark":
+            return dspark_lattice(logits, anchor, d.markov_head, self.top_k)
+        return dflash2_lattice(logits, slots, anchor, d.candidate_selector)

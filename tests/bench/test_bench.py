@@ -1,0 +1,66 @@
+"""`blockdraft bench`: the report's numbers are consistent with the runs it made, and bad flags fail early."""
+
+import json
+
+import pytest
+
+from blockdraft.bench.prompt_sets import SETS, load_set
+from blockdraft.bench.run import acceptance_summary
+from blockdraft.cli import main
+from blockdraft.train.prompts import stdlib_code, templated_math
+from conftest import ASSETS
+
+TINY = ["--target", str(ASSETS / "target-qwen3")]
+DRAFTERS = f"dflash={ASSETS / 'dflash'},dspark={ASSETS / 'dspark'}"
+
+
+def test_acceptance_summary_by_hand():
+    s = acceptance_summary([1, 3, 4, 2, 4], 4)
+    assert s["mean_al"] == pytest.approx(14 / 5) and s["al_histogram"] == [1, 1, 1, 2]
+    # draft k accepted <=> AL > k
+    assert s["per_position_acceptance"] == pytest.approx([4 / 5, 3 / 5, 2 / 5])
+
+
+def test_quick_bench_writes_consistent_report(tmp_path, capsys):
+    assert main(["bench", *TINY, "--drafters", DRAFTERS, "--sets", "chat,math", "--quick", "--out",
+                 str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert (tmp_path / "bench.png").stat().st_size > 0
+    assert "| chat | 0 | dspark |" in capsys.readouterr().out
+    for set_name in ("chat", "math"):
+        for temp in ("T=0", "T=1"):
+            modes = report["results"][set_name][temp]
+            assert set(modes) == {"ar", "dflash", "dspark", "hf"}
+            assert modes["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
+            for name in ("dflash", "dspark"):
+                m = modes[name]
+                assert sum(m["al_histogram"]) == m["steps"] > 0
+                assert m["mean_al"] == pytest.approx(
+                    sum(k * c for k, c in enumerate(m["al_histogram"], 1)) / m["steps"])
+                pos = m["per_position_acceptance"]
+                assert all(a >= b for a, b in zip(pos, pos[1:]))     # draft k+1 needs draft k
+                if temp == "T=0":                                       # lossless: same tokens as AR
+                    assert m["greedy_matches_ar"] == 2
+            if temp == "T=0":
+                assert modes["hf"]["greedy_matches_ar"] == 2         # the outside baseline agrees too
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--sets", "chat,poetry"], "unknown set(s) ['poetry']"),
+    (["--temperatures", "0,-1"], "--temperatures must be >= 0"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--sets", "humaneval", "--quick"], "exceeds max_position_embeddings=512"),
+])
+def test_bad_bench_flags_fail_before_work(tmp_path, capsys, args, message):
+    assert main(["bench", *TINY, "--drafters", DRAFTERS, "--no-hf", "--out", str(tmp_path), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "bench.json").exists()
+
+
+def test_eval_sets_are_held_out_of_training_prompts():
+    train = [p.lower() for p in stdlib_code(400) + templated_math(400)]
+    for name in SETS:
+        for prompt in load_set(name):
+            key = prompt.lower()
+            assert not any(key in t or t in key for t in train), (name, prompt)
+    assert len(load_set("humaneval")) == 164 and len(load_set("chat")) >= 20 and len(load_set("math")) >= 20
