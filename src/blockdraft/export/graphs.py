@@ -62,6 +62,9 @@ class DrafterGraph(nn.Module):
     def __init__(self, drafter: BlockDrafter, top_k: int):
         super().__init__()
         self.drafter, self.top_k = drafter, top_k
+        # registered so the exporter emits them as named initializers, which share_initializers then
+        # stores once for both graphs (they are the target's own tensors)
+        self.shared_embed_tokens, self.shared_lm_head = drafter.shared.embed_tokens, drafter.shared.lm_head
         self.windows = [layer.window for layer in drafter.layers]
 
     def forward(self, hidden_states, position_ids, input_ids, *past):

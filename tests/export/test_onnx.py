@@ -1,0 +1,165 @@
+"""ONNX export + onnxruntime backend: lattice parity with torch, identical end-to-end greedy tokens and
+acceptance lengths, shared initializers, and named errors for a runtime JSON that breaks the contract."""
+
+import json
+import shutil
+
+import onnx
+import pytest
+import torch
+
+from blockdraft.cli import main
+from blockdraft.decode import generate_one
+from blockdraft.errors import BlockdraftError, ConfigError
+from blockdraft.export.onnx_export import export_onnx
+from blockdraft.export.runtime import OnnxBackend
+from blockdraft.lattice_decode import TorchLatticeBackend, lattice_generate
+from blockdraft.loading import load_drafter, load_target
+from blockdraft.sampling.params import SamplingParams
+from blockdraft.sampling.stops import StopCriteria
+from conftest import ASSETS, random_prompts
+
+TARGET = ASSETS / "target-qwen3"
+PROMPTS = random_prompts(4, seed=61)
+# (fixture, sliding) — sliding variants rewrite the config: layer 0 sliding (window 4), layer 1 full
+CASES = [("dspark", False), ("dflash2", False), ("dspark", True), ("dflash2", True)]
+
+
+def _drafter_dir(tmp_path_factory, name: str, sliding: bool):
+    if not sliding:
+        return ASSETS / name
+    dst = tmp_path_factory.mktemp(f"{name}-sliding")
+    shutil.copytree(ASSETS / name, dst, dirs_exist_ok=True)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(layer_types=["sliding_attention", "full_attention"], sliding_window=4, use_sliding_window=True)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: c[0] + ("-sliding" if c[1] else ""))
+def exported(request, tmp_path_factory):
+    name, sliding = request.param
+    drafter_dir = _drafter_dir(tmp_path_factory, name, sliding)
+    out = export_onnx(TARGET, drafter_dir, tmp_path_factory.mktemp("export") / "out", "fp32")
+    target = load_target(TARGET, "float32")
+    return out, TorchLatticeBackend(target, load_drafter(drafter_dir, target)), target
+
+
+def test_lattice_outputs_match_torch(exported):
+    out, torch_backend, _ = exported
+    ort_backend = OnnxBackend(out)
+    prompt = PROMPTS[0]
+    for backend in (ort_backend, torch_backend):
+        backend.reset()
+    logits_o, taps_o = ort_backend.target_step(prompt, 0)
+    logits_t, taps_t = torch_backend.target_step(prompt, 0)
+    assert (logits_o - logits_t).abs().max().item() <= 1e-4 and (taps_o - taps_t).abs().max().item() <= 1e-4
+    block = [int(logits_t[-1].argmax())] + [torch_backend.mask_token_id] * (torch_backend.block_size - 1)
+    lat_o = ort_backend.draft(taps_o, 0, block)
+    lat_t = torch_backend.draft(taps_t, 0, block)
+    n, k = torch_backend.num_draft_tokens, torch_backend.top_k
+    assert lat_o.candidate_ids.dtype == torch.int64 and tuple(lat_o.candidate_ids.shape) == (1, n, k)
+    assert lat_o.scores.dtype == torch.float32 and tuple(lat_o.scores.shape) == (1, n, k, k)
+    assert torch.equal(lat_o.candidate_ids[..., 0], lat_t.candidate_ids[..., 0])        # top-1 identical
+    assert torch.equal(lat_o.candidate_ids, lat_t.candidate_ids)
+    assert (lat_o.scores - lat_t.scores).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_end_to_end_tokens_and_acceptance_equal_torch(exported, temperature):
+    out, torch_backend, _ = exported
+    ort_backend = OnnxBackend(out)
+    stop = StopCriteria(eos_ids=frozenset({127}))
+    for i, prompt in enumerate(PROMPTS):
+        params = SamplingParams(max_tokens=40, temperature=temperature, seed=i)
+        a = lattice_generate(ort_backend, prompt, params, stop)
+        b = lattice_generate(torch_backend, prompt, params, stop)
+        assert a.token_ids == b.token_ids and a.acceptance_lengths == b.acceptance_lengths
+        if temperature == 0:
+            assert a.token_ids == generate_one(torch_backend.target, prompt, params, None, stop).token_ids
+
+
+def test_full_vocab_lattice_equals_the_markov_chain_path(tmp_path):
+    """With K = vocab the walk is the full-vocabulary chain: the ONNX path equals generate_one (and so the
+    dspark-mlx goldens' semantics), acceptance lengths included."""
+    out = export_onnx(TARGET, ASSETS / "dspark", tmp_path / "out", "fp32", top_k=128)
+    target = load_target(TARGET, "float32")
+    drafter = load_drafter(ASSETS / "dspark", target)
+    backend = OnnxBackend(out)
+    for prompt in PROMPTS[:2]:
+        params = SamplingParams(max_tokens=30)
+        ref = generate_one(target, prompt, params, drafter)
+        got = lattice_generate(backend, prompt, params)
+        assert got.token_ids == ref.token_ids and got.acceptance_lengths == ref.acceptance_lengths
+
+
+def test_shared_initializers_are_stored_once(exported):
+    out, torch_backend, _ = exported
+    cfg = torch_backend.drafter.config
+    runtime = json.loads((out / "genai_config.json").read_text())
+    assert sum(1 for k in ("dspark", "dflash2") if k in runtime["model"]) == 1
+    reused = (not cfg.own_embed_tokens) + (not cfg.own_lm_head)   # the tiny DSpark ships its own copies
+    shared_bytes = reused * 128 * 64 * 4                          # tiny target: untied [128, 64] embedding and head
+    assert (out / "shared_weights.bin").stat().st_size == shared_bytes
+    assert len(runtime["model"]["shared_initializers"]) == 2 * reused
+    for graph in ("target.onnx", "drafter.onnx"):
+        model = onnx.load(str(out / graph), load_external_data=False)
+        locations = {e.value for i in model.graph.initializer for e in i.external_data if e.key == "location"}
+        assert ("shared_weights.bin" in locations) == (reused > 0), graph
+
+
+def _corrupt(out, tmp_path, edit):
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    runtime = json.loads((bad / "genai_config.json").read_text())
+    edit(runtime)
+    (bad / "genai_config.json").write_text(json.dumps(runtime))
+    return bad
+
+
+def _section(r):
+    return r["model"]["dspark" if "dspark" in r["model"] else "dflash2"]
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda r: r["model"].update(dflash2=dict(_section(r)), dspark=dict(_section(r))), "both model.dflash2 and"),
+    (lambda r: _section(r).update(top_k=_section(r)["top_k"] + 1), "axis 2 is"),
+    (lambda r: _section(r).update(head_size=7), "axis 3 is 16, genai_config.json declares 7"),
+    (lambda r: _section(r)["cache"].update(dtype="bfloat16"), "declares bfloat16"),
+    (lambda r: r["model"]["decoder"].update(dtype="float16"), "model.decoder.dtype must be float32 or bfloat16"),
+    (lambda r: _section(r)["outputs"].update(scores="lattice_scores"), "'lattice_scores' named in genai_config"),
+    (lambda r: _section(r).update(num_draft_tokens=_section(r)["block_size"] + 3), "num_draft_tokens="),
+    (lambda r: _section(r).update(filename="missing.onnx"), "missing file:"),
+    (lambda r: r["model"].pop("decoder"), "model.decoder (the target graph) is missing"),
+])
+def test_corrupted_runtime_json_is_refused_by_name(exported, tmp_path, edit, message):
+    with pytest.raises(ConfigError) as err:
+        OnnxBackend(_corrupt(exported[0], tmp_path, edit))
+    assert message in str(err.value)
+
+
+def test_export_refuses_what_the_contract_cannot_hold(tmp_path):
+    with pytest.raises(ConfigError, match="kind='dflash'"):
+        export_onnx(TARGET, ASSETS / "dflash", tmp_path / "a")
+    with pytest.raises(ConfigError, match="selector_top_k=4"):
+        export_onnx(TARGET, ASSETS / "dflash2", tmp_path / "b", top_k=6)
+    with pytest.raises(BlockdraftError, match="missing file"):
+        export_onnx(TARGET, tmp_path / "nope", tmp_path / "c")
+    assert not any(p.name.startswith(("a", "b", "c")) for p in tmp_path.iterdir())
+
+
+def test_cli_export_and_generate_onnx_match_torch(tmp_path, capsys):
+    out = tmp_path / "exp"
+    assert main(["export", "onnx", "--target", str(TARGET), "--drafter", str(ASSETS / "dspark"), "--out",
+                 str(out)]) == 0
+    capsys.readouterr()
+    assert main(["generate", "--onnx", str(out), "--prompt-ids", "5,6,7,8", "--max-new-tokens", "24",
+                 "--ignore-eos", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    target = load_target(TARGET, "float32")
+    ref = lattice_generate(TorchLatticeBackend(target, load_drafter(ASSETS / "dspark", target)), [5, 6, 7, 8],
+                           SamplingParams(max_tokens=24, ignore_eos=True))
+    assert got["token_ids"] == ref.token_ids and got["acceptance_lengths"] == ref.acceptance_lengths
+    assert got["backend"] == "onnxruntime" and set(got["timing"]) >= {"prefill_s", "decode_s", "tokens_per_s"}
+    assert main(["generate", "--onnx", str(out), "--target", str(TARGET), "--prompt-ids", "1"]) == 2
+    assert "--target does not apply" in capsys.readouterr().err
