@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--drafter", help="drafter directory, or dflash|dflash2|dspark|none for the default target "
                    "(default: dspark without --target, none with it)")
     g.add_argument("--mode", choices=["dflash", "dflash2", "dspark"], help="force the drafter kind")
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks: starts N local worker processes "
+                   "(or joins a torchrun group); gloo on CPU, NCCL on GPU")
     g.add_argument("--onnx", metavar="EXPORT_DIR", help="run an `export onnx` directory with onnxruntime "
                    "instead of torch (target and drafter come from it)")
     src = g.add_mutually_exclusive_group(required=True)
@@ -283,6 +285,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise RequestError("--chat needs --prompt (text), not --prompt-ids")
     if args.onnx:
         return _generate_onnx(args)
+    if args.tp != 1:
+        return _generate_tp(args)
     drafter = args.drafter if args.drafter is not None else "default"
     llm = LLM(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, block_size=args.block_size,
               confidence_threshold=args.confidence_threshold)
@@ -292,17 +296,53 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not args.json and llm.tokenizer is not None:
         return _stream_to_terminal(llm, prompt_ids, params)
     out = llm.generate(prompt_token_ids=[prompt_ids], sampling_params=params)[0]
+    _print_generation(args, out, out.text, None if llm.drafter is None else llm.drafter.config.kind, {})
+    return 0
+
+
+def _print_generation(args, out, text: str, drafter: str | None, extra: dict) -> None:
     if args.json:
         print(json.dumps({
-            "token_ids": out.token_ids, "text": out.text, "acceptance_lengths": out.acceptance_lengths,
-            "finish_reason": out.finish_reason,
-            "drafter": None if llm.drafter is None else llm.drafter.config.kind,
+            "token_ids": out.token_ids, "text": text, "acceptance_lengths": out.acceptance_lengths,
+            "finish_reason": out.finish_reason, "drafter": drafter, **extra,
             "timing": {"prefill_s": out.prefill_s, "decode_s": out.decode_s, "tokens_per_s": out.tokens_per_s},
         }))
     else:
-        print(out.text)
+        print(text)
         al = f", mean AL {out.mean_acceptance_length:.2f}" if out.acceptance_lengths else ""
-        print(f"[{len(out.token_ids)} tokens{al}, {out.tokens_per_s:.1f} tok/s]", file=sys.stderr)
+        where = "".join(f", {k} {v}" for k, v in extra.items())
+        print(f"[{len(out.token_ids)} tokens{al}, {out.tokens_per_s:.1f} tok/s{where}]", file=sys.stderr)
+
+
+def _generate_tp(args: argparse.Namespace) -> int:
+    """`generate --tp N`: validate in this process, then N ranks run the same loop; rank 0 answers."""
+    from .llm import LLM
+    from .parallel.launch import run_tp
+    from .parallel.shard import check_tp
+    from .parallel.tasks import GenerateJob, ModelSpec, generate_task
+    from .sampling.params import SamplingParams
+
+    drafter = args.drafter if args.drafter is not None else "default"
+    llm = LLM(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, block_size=args.block_size,
+              confidence_threshold=args.confidence_threshold, max_batch=1)
+    check_tp(args.tp, llm.target.config, llm.drafter.config if llm.drafter is not None else None)
+    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
+    prompt_ids = llm.encode(args.prompt, args.chat) if args.prompt is not None else args.prompt_ids
+    from .decode import check_request
+
+    check_request(llm.target, prompt_ids, params)
+    job = GenerateJob(ModelSpec(llm.target.source_dir, llm.drafter_dir, str(llm.target.dtype).removeprefix("torch."),
+                                args.mode, args.block_size),
+                      (tuple(prompt_ids),), params, frozenset() if params.ignore_eos else llm.engine.eos_ids,
+                      args.confidence_threshold, tuple(params.stop or ()))
+    del llm.engine
+    result = run_tp(args.tp, generate_task, job)
+    if result is None:                       # a non-zero torchrun rank
+        return 0
+    out = result["generations"][0]
+    text = llm._text(out.token_ids, params, llm.tokenizer.decode) if llm.tokenizer is not None else ""
+    _print_generation(args, out, text, None if llm.drafter is None else llm.drafter.config.kind, {"tp": args.tp})
     return 0
 
 
@@ -346,16 +386,7 @@ def _generate_onnx(args: argparse.Namespace) -> int:
     text = tok.decode(out.token_ids) if tok is not None else ""
     for s in params.stop or ():
         text = text[: text.index(s)] if s in text else text
-    if args.json:
-        print(json.dumps({
-            "token_ids": out.token_ids, "text": text, "acceptance_lengths": out.acceptance_lengths,
-            "finish_reason": out.finish_reason, "drafter": backend.kind, "backend": "onnxruntime",
-            "timing": {"prefill_s": out.prefill_s, "decode_s": out.decode_s, "tokens_per_s": out.tokens_per_s},
-        }))
-    else:
-        print(text)
-        print(f"[{len(out.token_ids)} tokens, mean AL {out.mean_acceptance_length:.2f}, "
-              f"{out.tokens_per_s:.1f} tok/s, onnxruntime]", file=sys.stderr)
+    _print_generation(args, out, text, backend.kind, {"backend": "onnxruntime"})
     return 0
 
 

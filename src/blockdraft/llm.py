@@ -72,6 +72,7 @@ class LLM:
         else:
             target_dir = Path(target)
         self.target = load_target(target_dir, dtype or "float32")
+        self.drafter_dir = drafter_dir
         self.drafter = load_drafter(drafter_dir, self.target, mode=mode, block_size=block_size) \
             if drafter_dir is not None else None
         self.tokenizer = Tokenizer(target_dir) if (target_dir / "tokenizer.json").is_file() else None

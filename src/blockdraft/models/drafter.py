@@ -211,10 +211,11 @@ class BlockDrafter(nn.Module):
             return self.embed_tokens(ids)
         return self.shared.embed_tokens(ids) * self.config.input_embedding_scale
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft logits [.., vocab]: LM head × output_multiplier, then soft-capping if configured."""
+    def logits(self, hidden: torch.Tensor, shard: bool = False) -> torch.Tensor:
+        """Draft logits [.., vocab]: LM head × output_multiplier, then soft-capping if configured.
+        `shard`: only this rank's vocabulary slice (a tensor-parallel head)."""
         head = self.lm_head if self.config.own_lm_head else self.shared.lm_head
-        logits = head(hidden) * self.config.output_multiplier
+        logits = (head.local(hidden) if shard else head(hidden)) * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         if cap:
             logits = torch.tanh(logits / cap) * cap

@@ -1,7 +1,7 @@
 """Candidate lattice (ORT-GenAI contract) and the walk over it.
 
 `candidate_ids` int64 [batch, n, K]: the top-K base draft logits per slot (sorted,
-best first). `scores` fp32 [batch, n, K, K]: `scores[b, i, p, j]` = base logit of
+best first, equal logits in ascending id order). `scores` fp32 [batch, n, K, K]: `scores[b, i, p, j]` = base logit of
 candidate j at slot i + edge(candidate p of slot i-1 → candidate j of slot i);
 slot 0's predecessor is the anchor, so its K rows are equal. Edge math is fp32.
 """
@@ -14,6 +14,7 @@ import torch
 from torch.nn import functional as F
 
 from ..models.drafter import CandidateSelector, MarkovHead
+from ..parallel.layers import shard_topk, topk_lowest_id
 from ..sampling.params import SamplingParams
 from ..sampling.probs import sample_from
 
@@ -31,18 +32,30 @@ def _predecessors(anchor: torch.Tensor, candidates: torch.Tensor) -> torch.Tenso
 
 
 def dspark_lattice(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead, k: int) -> Lattice:
-    """logits [b, n, V] (before the Markov bias) -> lattice with edges W1[pred] · W2[cand]."""
-    unary, cand = torch.topk(logits.float(), k, dim=-1)                  # [b, n, K]
+    """logits [b, n, V] (before the Markov bias) -> lattice with edges W1[pred] · W2[cand].
+
+    Under tensor parallelism (`head` vocab-sharded, `logits` this rank's shard) the top-K is
+    global and each rank scores the candidates whose W2 rows it holds; one all-reduce sums them."""
+    sharded = hasattr(head, "tp")
+    if sharded:
+        unary, cand = shard_topk(logits, k, head.lo, head.tp)
+    else:
+        unary, cand = topk_lowest_id(logits.float(), k)                  # [b, n, K]
     pred_embed = head.markov_w1(_predecessors(anchor, cand)).float()     # [b, n, K, r]
-    succ = head.markov_w2.weight.float()[cand]                           # [b, n, K, r]
-    edges = torch.einsum("bipr,bijr->bipj", pred_embed, succ)
+    if sharded:
+        mine = (cand >= head.lo) & (cand < head.hi)
+        succ = head.markov_w2.weight.float()[(cand - head.lo).clamp(0, head.hi - head.lo - 1)] * mine[..., None]
+        edges = head.tp.all_reduce(torch.einsum("bipr,bijr->bipj", pred_embed, succ))
+    else:
+        succ = head.markov_w2.weight.float()[cand]                       # [b, n, K, r]
+        edges = torch.einsum("bipr,bijr->bipj", pred_embed, succ)
     return Lattice(cand, unary[:, :, None, :] + edges)
 
 
 def dflash2_lattice(logits: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor,
                     selector: CandidateSelector) -> Lattice:
     """Edges (P[pred] ∘ proj(h_i)) · S[cand] as DFlash2's candidate selector defines them."""
-    unary, cand = torch.topk(logits.float(), selector.top_k, dim=-1)
+    unary, cand = topk_lowest_id(logits.float(), selector.top_k)
     proj = F.linear(hidden.float(), selector.hidden_projection.weight.float())   # [b, n, r]
     pred_embed = selector.predecessor_codebook.weight.float()[_predecessors(anchor, cand)] * proj[:, :, None]
     succ = selector.successor_codebook.weight.float()[cand]

@@ -14,7 +14,7 @@ import torch
 from ..models.drafter import BlockDrafter, MarkovHead
 from ..models.kv_cache import KVCache
 from ..sampling.params import SamplingParams
-from ..sampling.probs import pick, sample_from, sampling_probs
+from ..sampling.probs import sample_from, sampling_probs
 from .lattice import dflash2_lattice, walk
 
 
@@ -31,14 +31,22 @@ class Proposal:
 
 def markov_chain(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead, params: SamplingParams,
                  generator: torch.Generator | None):
-    """Chained DSpark proposal over the full vocabulary. Returns tokens [b, n], probs, W1 embeds [b, n, r]."""
+    """Chained DSpark proposal over the full vocabulary. Returns tokens [b, n], probs, W1 embeds [b, n, r].
+
+    Under tensor parallelism `head` is a `ShardedMarkovHead` and `logits` this rank's vocabulary
+    shard: the bias is added to the shard, the argmax is global (ties → lowest id) and sampling
+    draws from the gathered distribution, so every rank picks what a single process would.
+    """
+    sharded = hasattr(head, "tp")
     prev, tokens, probs, embeds = anchor, [], [], []
     for i in range(logits.shape[1]):
         bias, embed = head(prev)
-        slot_logits = logits[:, i].float() + bias                    # [b, vocab]
-        if not params.greedy:
-            probs.append(sampling_probs(slot_logits, params))
-        prev = pick(slot_logits, params, generator)
+        slot_logits = logits[:, i].float() + bias                    # [b, vocab] (or [b, vocab / tp])
+        if params.greedy:
+            prev = head.argmax(slot_logits) if sharded else slot_logits.argmax(dim=-1)
+        else:
+            probs.append(sampling_probs(head.gather(slot_logits) if sharded else slot_logits, params))
+            prev = sample_from(probs[-1], generator)
         tokens.append(prev)
         embeds.append(embed)
     return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None), torch.stack(embeds, 1)
@@ -80,7 +88,8 @@ def choose_drafts(drafter: BlockDrafter, hidden: torch.Tensor, anchor: torch.Ten
                   generator: torch.Generator | None) -> Proposal:
     """Draft-slot hidden [b, n, D] -> tokens, by the drafter kind's rule."""
     cfg = drafter.config
-    logits = drafter.logits(hidden)                                                   # [b, n, V]
+    # [b, n, V]; a vocab-sharded DSpark head (TP) reads only this rank's logit shard
+    logits = drafter.logits(hidden, shard=cfg.kind == "dspark" and hasattr(drafter.markov_head, "tp"))
     if cfg.kind == "dflash":
         probs = None if params.greedy else sampling_probs(logits, params)
         tokens = logits.argmax(-1) if probs is None else sample_from(probs, generator)

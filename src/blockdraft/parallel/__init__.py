@@ -1,0 +1,1 @@
+"""Tensor parallelism on torch.distributed (gloo on CPU, NCCL on GPU)."""

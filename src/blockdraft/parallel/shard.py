@@ -1,0 +1,115 @@
+"""Shard a loaded target and drafter across a tensor-parallel group, in place.
+
+Attention: q/k/v column-parallel by whole heads (KV heads split across ranks, each rank
+keeping the query heads of its KV groups), o_proj row-parallel. MLP: gate/up column,
+down row. Embedding and LM head vocab-parallel (the drafter's shared ones are the
+target's sharded modules). DSpark: `markov_w1` replicated, `markov_w2` split by vocabulary
+(`ShardedMarkovHead`). Norms, the drafter's fc, DFlash2 convs and selector are replicated.
+After the row-parallel all-reduce every rank holds the full residual stream, so the taps
+the drafter reads are complete on every rank without a further gather.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..config import DrafterConfig, TargetConfig
+from ..errors import ConfigError
+from ..models.drafter import BlockDrafter, MarkovHead
+from ..models.target import TargetModel
+from .layers import (ColumnParallelLinear, RowParallelLinear, TPGroup, VocabParallelEmbedding, VocabParallelHead,
+                     shard_argmax)
+
+
+def check_tp(tp: int, target: TargetConfig, drafter: DrafterConfig | None = None) -> None:
+    """Refuse a TP size the models cannot be split by — before any process starts."""
+    if not isinstance(tp, int) or tp < 1:
+        raise ConfigError(f"--tp must be an integer >= 1, got {tp!r}")
+    checks = [("target", target, ("num_heads", "num_kv_heads", "intermediate_size", "vocab_size"))]
+    if drafter is not None:
+        fields = ("num_heads", "num_kv_heads", "intermediate_size", "vocab_size")
+        checks.append(("drafter", drafter, fields))
+    names = {"num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+             "intermediate_size": "intermediate_size", "vocab_size": "vocab_size"}
+    for who, cfg, fields in checks:
+        for f in fields:
+            value = getattr(cfg, f)
+            if value % tp:
+                raise ConfigError(f"--tp {tp}: {who} {names[f]}={value} is not divisible by the TP size {tp}")
+
+
+class ShardedMarkovHead(nn.Module):
+    """DSpark Markov head with W2 split by vocabulary: forward gives this rank's bias shard."""
+
+    def __init__(self, full: MarkovHead, tp: TPGroup):
+        super().__init__()
+        self.tp = tp
+        self.lo, self.hi = tp.split(full.markov_w2.weight.shape[0])
+        self.markov_w1 = full.markov_w1                                               # replicated [V, r]
+        self.markov_w2 = nn.Linear(full.markov_w2.in_features, self.hi - self.lo, bias=False)
+        self.markov_w2.weight = nn.Parameter(full.markov_w2.weight.detach()[self.lo:self.hi].clone(),
+                                             requires_grad=False)
+
+    def forward(self, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        embed = self.markov_w1(prev)
+        return F.linear(embed.float(), self.markov_w2.weight.float()), embed          # [.., V/tp] local shard
+
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_gather(local)
+
+    def argmax(self, local: torch.Tensor) -> torch.Tensor:
+        return shard_argmax(local, self.lo, self.tp)
+
+
+def _shard_attention(attn: nn.Module, tp: TPGroup) -> None:
+    d = attn.head_dim
+    q_lo, q_hi = tp.split(attn.num_heads)
+    kv_lo, kv_hi = tp.split(attn.num_kv_heads)
+    attn.q_proj = ColumnParallelLinear(attn.q_proj, q_lo * d, q_hi * d)
+    attn.k_proj = ColumnParallelLinear(attn.k_proj, kv_lo * d, kv_hi * d)
+    attn.v_proj = ColumnParallelLinear(attn.v_proj, kv_lo * d, kv_hi * d)
+    attn.o_proj = RowParallelLinear(attn.o_proj, q_lo * d, q_hi * d, tp)
+    attn.num_heads, attn.num_kv_heads = q_hi - q_lo, kv_hi - kv_lo
+
+
+def _shard_mlp(mlp: nn.Module, tp: TPGroup) -> None:
+    lo, hi = tp.split(mlp.gate_proj.weight.shape[0])
+    mlp.gate_proj = ColumnParallelLinear(mlp.gate_proj, lo, hi)
+    mlp.up_proj = ColumnParallelLinear(mlp.up_proj, lo, hi)
+    mlp.down_proj = RowParallelLinear(mlp.down_proj, lo, hi, tp)
+
+
+def _local_config(cfg, tp: TPGroup):
+    return dataclasses.replace(cfg, num_heads=cfg.num_heads // tp.world, num_kv_heads=cfg.num_kv_heads // tp.world)
+
+
+@torch.no_grad()
+def shard_target(target: TargetModel, tp: TPGroup) -> TargetModel:
+    for layer in target.layers:
+        _shard_attention(layer.self_attn, tp)
+        _shard_mlp(layer.mlp, tp)
+    target.embed_tokens = VocabParallelEmbedding(target.embed_tokens, tp)
+    target.lm_head = VocabParallelHead(target.lm_head, tp)
+    target.config = _local_config(target.config, tp)
+    return target
+
+
+@torch.no_grad()
+def shard_drafter(drafter: BlockDrafter, target: TargetModel, tp: TPGroup) -> BlockDrafter:
+    """Call after `shard_target`: the drafter's shared embedding / LM head become the target's shards."""
+    for layer in drafter.layers:
+        _shard_attention(layer.self_attn, tp)
+        _shard_mlp(layer.mlp, tp)
+    drafter.shared.embed_tokens, drafter.shared.lm_head = target.embed_tokens, target.lm_head
+    if drafter.config.own_embed_tokens:
+        drafter.embed_tokens = VocabParallelEmbedding(drafter.embed_tokens, tp)
+    if drafter.config.own_lm_head:
+        drafter.lm_head = VocabParallelHead(drafter.lm_head, tp)
+    if drafter.config.kind == "dspark":
+        drafter.markov_head = ShardedMarkovHead(drafter.markov_head, tp)
+    drafter.config = _local_config(drafter.config, tp)
+    return drafter

@@ -1,0 +1,106 @@
+"""Tensor parallelism (gloo, 2 CPU ranks): TP=2 equals TP=1 token for token, the vocab-sharded Markov
+chain equals the full-vocabulary chain (ties across the shard boundary included), bad TP sizes are
+refused before any process starts, and a dead worker is an error, not a hang."""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from blockdraft.cli import main
+from blockdraft.decode import generate_one
+from blockdraft.errors import ConfigError
+from blockdraft.loading import load_drafter, load_target
+from blockdraft.parallel.launch import WorkerError, run_tp
+from blockdraft.parallel.shard import check_tp
+from blockdraft.parallel.tasks import GenerateJob, ModelSpec, generate_task
+from blockdraft.sampling.params import SamplingParams
+from conftest import ASSETS, random_prompts
+
+sys.path.insert(0, str(Path(__file__).parent))
+import tp_tasks  # noqa: E402
+
+TARGET = ASSETS / "target-qwen3"
+PROMPTS = tuple(tuple(p) for p in random_prompts(3, seed=71))
+
+
+@pytest.mark.parametrize("drafter", [None, "dflash", "dflash2", "dspark", "dflash-sliding"])
+def test_tp2_equals_tp1_tokens_acceptance_and_logits(drafter):
+    drafter_dir = ASSETS / drafter if drafter else None
+    job = GenerateJob(ModelSpec(TARGET, drafter_dir), PROMPTS, SamplingParams(max_tokens=32), return_logits=True)
+    tp2 = run_tp(2, generate_task, job)
+    target = load_target(TARGET, "float32")
+    d = load_drafter(drafter_dir, target) if drafter_dir else None
+    for prompt, gen, logits in zip(PROMPTS, tp2["generations"], tp2["logits"]):
+        ref = generate_one(target, list(prompt), SamplingParams(max_tokens=32), d)
+        assert gen.token_ids == ref.token_ids
+        assert gen.acceptance_lengths == ref.acceptance_lengths
+        assert (logits - target.logits(list(prompt))[0]).abs().max().item() <= 1e-4
+
+
+def test_tp2_seeded_sampling_equals_tp1():
+    params = SamplingParams(max_tokens=24, temperature=1.0, seed=5)
+    job = GenerateJob(ModelSpec(TARGET, ASSETS / "dspark"), PROMPTS[:2], params)
+    tp2 = run_tp(2, generate_task, job)
+    target = load_target(TARGET, "float32")
+    d = load_drafter(ASSETS / "dspark", target)
+    for prompt, gen in zip(PROMPTS[:2], tp2["generations"]):
+        ref = generate_one(target, list(prompt), params, d)
+        assert gen.token_ids == ref.token_ids and gen.acceptance_lengths == ref.acceptance_lengths
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_sharded_markov_chain_equals_full_chain(with_bias):
+    out = run_tp(2, tp_tasks.chain_task, (16, with_bias))
+    for name in ("greedy", "sampled"):
+        full, sharded = out[name]
+        assert full == sharded, name
+    assert out["lattice_ids"][0] == out["lattice_ids"][1] and out["lattice_scores_diff"] <= 1e-5
+    if not with_bias:
+        greedy = out["greedy"][0][0]
+        assert greedy[0] == 7 and greedy[1] == 3      # ties: lowest id, across and within shards
+        assert out["topk_slot0"][:2] == [7, 8]
+
+
+@pytest.mark.parametrize("tp,field", [(3, "num_attention_heads=4"), (2, "vocab_size=129")])
+def test_indivisible_sizes_are_refused_before_launch(tp, field):
+    import dataclasses
+
+    target = load_target(TARGET, "float32")
+    cfg = target.config if tp == 3 else dataclasses.replace(target.config, vocab_size=129)
+    with pytest.raises(ConfigError, match=field.replace("(", r"\(")):
+        check_tp(tp, cfg)
+
+
+def test_cli_tp_refuses_bad_size_without_starting_workers(capsys):
+    t0 = time.perf_counter()
+    assert main(["generate", "--target", str(TARGET), "--prompt-ids", "1,2", "--tp", "3"]) == 2
+    assert "num_attention_heads=4 is not divisible by the TP size 3" in capsys.readouterr().err
+    assert time.perf_counter() - t0 < 30
+
+
+def test_cli_generate_tp2_matches_tp1(capsys):
+    args = ["generate", "--target", str(TARGET), "--drafter", str(ASSETS / "dspark"), "--prompt-ids", "5,6,7,8",
+            "--max-new-tokens", "20", "--ignore-eos", "--json"]
+    assert main(args) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert main([*args, "--tp", "2"]) == 0
+    two = json.loads(capsys.readouterr().out)
+    assert two["token_ids"] == one["token_ids"] and two["acceptance_lengths"] == one["acceptance_lengths"]
+    assert two["tp"] == 2
+
+
+def test_a_dead_worker_is_an_error_not_a_hang():
+    t0 = time.perf_counter()
+    with pytest.raises(WorkerError, match="rank 1 died"):
+        run_tp(2, tp_tasks.die_task, None, timeout_s=20)
+    assert time.perf_counter() - t0 < 60
+
+
+def test_shard_topk_matches_torch_topk_on_distinct_values():
+    x = torch.randn(5, 16)
+    out = run_tp(2, tp_tasks.topk_task, x)
+    assert torch.equal(out, torch.topk(x, 6, dim=-1).indices)
