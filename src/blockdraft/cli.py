@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-model-len", type=int)
     s.add_argument("--adaptive-speculation", action=argparse.BooleanOptionalAction, default=True,
                    help="skip drafting for greedy requests when it measures slower")
+    s.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks: rank 0 serves and schedules, "
+                   "the others follow its steps (adaptive speculation is off under TP)")
     s.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 for the default model, "
                    "float32 otherwise")
     s.set_defaults(func=cmd_serve)
@@ -128,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-hf", action="store_true", help="skip the transformers generate baseline")
     b.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 for the default model")
     b.add_argument("--quick", action="store_true", help="smoke run: 2 prompts per set, 24 tokens, 1 repeat")
+    b.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (worker processes)")
     b.add_argument("--out", default="bench-results", help="output directory for bench.json and bench.png")
     b.set_defaults(func=cmd_bench)
     return parser
@@ -189,7 +192,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     unknown = [s for s in cfg.sets if s not in SETS]
     if unknown:
         raise ConfigError(f"--sets: unknown set(s) {unknown}; choose from {', '.join(SETS)}")
-    report = run_bench(target_dir, drafters, cfg)
+    if args.tp != 1:
+        from .loading import load_drafter, load_target
+        from .parallel.launch import run_tp
+        from .parallel.shard import check_tp
+        from .bench.run import bench_task
+
+        target = load_target(target_dir, cfg.dtype)
+        check_tp(args.tp, target.config)
+        for path in drafters.values():
+            check_tp(args.tp, target.config, load_drafter(path, target).config)
+        report = run_tp(args.tp, bench_task, (target_dir, drafters, cfg))
+        if report is None:                   # a non-zero torchrun rank
+            return 0
+    else:
+        report = run_bench(target_dir, drafters, cfg)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -268,9 +285,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .llm import LLM
 
     drafter = args.drafter if args.drafter is not None else "default"
-    llm = LLM(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, max_batch=args.max_batch,
-              cache_budget_bytes=args.cache_budget, max_model_len=args.max_model_len,
-              adaptive_speculation=args.adaptive_speculation)
+    kwargs = dict(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, max_batch=args.max_batch,
+                  cache_budget_bytes=args.cache_budget, max_model_len=args.max_model_len,
+                  adaptive_speculation=args.adaptive_speculation)
+    if args.tp != 1:
+        import signal
+
+        from .parallel.launch import run_tp
+        from .parallel.shard import check_tp
+        from .parallel.tasks import ServeJob, serve_task
+
+        probe = LLM(**{**kwargs, "max_batch": 1, "cache_budget_bytes": None})      # validate before launch
+        check_tp(args.tp, probe.target.config, probe.drafter.config if probe.drafter is not None else None)
+        del probe
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches rank 0, which shuts the group down
+        run_tp(args.tp, serve_task, ServeJob(kwargs, args.model_name, args.api_key, args.host, args.port),
+               timeout_s=24 * 3600)
+        return 0
+    llm = LLM(**kwargs)
     app = build_app(llm, model_name=args.model_name, api_key=args.api_key)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0

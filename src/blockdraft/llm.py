@@ -57,7 +57,9 @@ class LLM:
                  mode: str | None = None, dtype: str | None = None, max_batch: int = 8,
                  block_size: int | None = None, confidence_threshold: float = 0.0,
                  cache_budget_bytes: int | None = None, max_model_len: int | None = None,
-                 prefix_caching: bool = True, adaptive_speculation: bool = False):
+                 prefix_caching: bool = True, adaptive_speculation: bool = False, tp=None):
+        """`tp`: this process's TPGroup when it is one rank of a tensor-parallel group; the models
+        are sharded and, on rank 0, `engine` mirrors every command to the other ranks."""
         if drafter == "default":
             drafter = "dspark" if is_default_target(target) else None
         if max_batch < 1:
@@ -78,6 +80,14 @@ class LLM:
         self.tokenizer = Tokenizer(target_dir) if (target_dir / "tokenizer.json").is_file() else None
         self.max_batch = max_batch
         self.confidence_threshold = confidence_threshold
+        if tp is not None and tp.world > 1:
+            from .parallel.shard import check_tp, shard_drafter, shard_target
+
+            check_tp(tp.world, self.target.config, self.drafter.config if self.drafter is not None else None)
+            shard_target(self.target, tp)
+            if self.drafter is not None:
+                shard_drafter(self.drafter, self.target, tp)
+            adaptive_speculation = False          # timing-based decisions would differ between ranks
         max_len = max_model_len or min(self.target.config.max_position_embeddings, 4096)
         budget = cache_budget_bytes or self._default_budget(max_len, max_batch)
         self.engine = LLMEngine(self.target, self.drafter, EngineConfig(
@@ -85,6 +95,10 @@ class LLM:
             prefix_caching=prefix_caching, confidence_threshold=confidence_threshold,
             adaptive_speculation=adaptive_speculation), self._eos_ids(),
             self.tokenizer.decode if self.tokenizer is not None else None)
+        if tp is not None and tp.world > 1 and tp.rank == 0:
+            from .parallel.mirror import MirroredEngine
+
+            self.engine = MirroredEngine(self.engine, tp)
 
     def _default_budget(self, max_len: int, max_batch: int, block: int = 16) -> int:
         """Room for `max_batch` sequences of `max_len` tokens (+ lookahead), target and drafter KV."""

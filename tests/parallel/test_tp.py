@@ -104,3 +104,47 @@ def test_shard_topk_matches_torch_topk_on_distinct_values():
     x = torch.randn(5, 16)
     out = run_tp(2, tp_tasks.topk_task, x)
     assert torch.equal(out, torch.topk(x, 6, dim=-1).indices)
+
+
+def test_serve_tp2_answers_like_tp1_and_stops_on_sigint(capsys):
+    """A real `blockdraft serve --tp 2` (rank 0 serves, rank 1 follows) through the openai client."""
+    import os
+    import signal
+    import socket
+    import subprocess
+
+    import httpx
+    from openai import OpenAI
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    model = ["--target", str(TARGET), "--drafter", str(ASSETS / "dspark")]
+    proc = subprocess.Popen([sys.executable, "-m", "blockdraft.cli", "serve", *model, "--tp", "2", "--port",
+                             str(port), "--model-name", "tiny"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            raise AssertionError("TP server did not come up")
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        got = [client.completions.create(model="tiny", prompt="Hello there", max_tokens=16, temperature=0,
+                                         extra_body={"ignore_eos": True}).choices[0].text for _ in range(2)]
+        assert main(["generate", *model, "--prompt", "Hello there", "--max-new-tokens", "16", "--ignore-eos",
+                     "--json"]) == 0
+        ref = json.loads(capsys.readouterr().out)["text"]
+        assert got == [ref, ref]
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    assert proc.returncode == 0, proc.stdout.read()[-2000:]

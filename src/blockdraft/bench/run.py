@@ -85,14 +85,24 @@ class HFBaseline:
         return out[0, len(prompt):].tolist()
 
 
-def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig, progress: bool = True) -> dict:
+def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig, progress: bool = True,
+              tp=None) -> dict:
+    """`tp`: a TPGroup when this is one rank of a tensor-parallel run (models are sharded; rank 0
+    alone runs the HF baseline and shows progress)."""
     target = load_target(target_dir, cfg.dtype)
     drafters = {name: load_drafter(path, target) for name, path in drafter_dirs.items()}
+    if tp is not None and tp.world > 1:
+        from ..parallel.shard import shard_drafter, shard_target
+
+        shard_target(target, tp)
+        for d in drafters.values():
+            shard_drafter(d, target, tp)
+        progress = progress and tp.rank == 0
     tok = Tokenizer(target_dir)
     eos = sorted(set(target.config.eos_token_ids) | ({tok.eos_token_id} if tok.eos_token_id is not None else set()))
     stop = StopCriteria(eos_ids=frozenset(eos))
-    hf = HFBaseline(target_dir, target.dtype, eos) if cfg.hf_baseline else None
-    modes = ["ar", *drafters] + (["hf"] if hf else [])
+    hf = HFBaseline(target_dir, target.dtype, eos) if cfg.hf_baseline and (tp is None or tp.rank == 0) else None
+    modes = ["ar", *drafters] + (["hf"] if cfg.hf_baseline else [])
     prompts = {s: [tok.encode_chat([{"role": "user", "content": p}]) for p in load_set(s, cfg.prompts_per_set)]
                for s in cfg.sets}
     limit = target.config.max_position_embeddings
@@ -121,7 +131,7 @@ def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig,
                     for mode in modes:
                         t0 = time.perf_counter()
                         if mode == "hf":
-                            tokens, lengths = hf.generate(prompt, params), []
+                            tokens, lengths = (hf.generate(prompt, params) if hf else []), []
                         else:
                             g = generate_one(target, prompt, params, drafters.get(mode), stop)
                             tokens, lengths = g.token_ids, g.acceptance_lengths
@@ -145,7 +155,13 @@ def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig,
     if bar:
         bar.close()
     return {"config": asdict(cfg), "target": str(target_dir), "drafters": {k: str(v) for k, v in drafter_dirs.items()},
-            "torch_threads": torch.get_num_threads(), "results": results}
+            "torch_threads": torch.get_num_threads(), "tp": 1 if tp is None else tp.world, "results": results}
+
+
+def bench_task(tp, payload) -> dict:
+    """One rank of `bench --tp N`."""
+    target_dir, drafter_dirs, cfg = payload
+    return run_bench(target_dir, drafter_dirs, cfg, tp=tp)
 
 
 def table(report: dict) -> str:

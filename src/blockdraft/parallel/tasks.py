@@ -67,3 +67,35 @@ def generate_task(tp: TPGroup, job: GenerateJob) -> dict:
         with torch.inference_mode():
             out["logits"] = [target(torch.tensor([list(p)])).logits[0].float() for p in job.prompts]
     return out
+
+
+@dataclass(frozen=True)
+class ServeJob:
+    llm_kwargs: dict
+    model_name: str
+    api_key: str | None
+    host: str
+    port: int
+
+
+def serve_task(tp: TPGroup, job: ServeJob) -> None:
+    """Rank 0 serves HTTP and schedules; the other ranks follow its steps."""
+    import signal
+
+    from ..llm import LLM
+    from .mirror import follow
+
+    llm = LLM(**job.llm_kwargs, tp=tp)
+    if tp.rank != 0:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)      # rank 0 decides when to stop
+        follow(llm.engine)
+        return
+    import uvicorn
+
+    from ..server.app import build_app
+
+    try:
+        uvicorn.run(build_app(llm, model_name=job.model_name, api_key=job.api_key), host=job.host, port=job.port,
+                    log_level="info")
+    finally:
+        llm.engine.shutdown()
