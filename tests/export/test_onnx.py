@@ -163,3 +163,21 @@ def test_cli_export_and_generate_onnx_match_torch(tmp_path, capsys):
     assert got["backend"] == "onnxruntime" and set(got["timing"]) >= {"prefill_s", "decode_s", "tokens_per_s"}
     assert main(["generate", "--onnx", str(out), "--target", str(TARGET), "--prompt-ids", "1"]) == 2
     assert "--target does not apply" in capsys.readouterr().err
+
+
+def test_bf16_export_stores_bf16_weights_and_agrees(tmp_path):
+    """bf16 = bf16 initializers cast to fp32 at use (onnxruntime's CPU provider has no bf16 Gemm). The
+    tiny fixtures are bf16 checkpoints, so rounding loses nothing: outputs must equal the fp32 export."""
+    bf16 = export_onnx(TARGET, ASSETS / "dflash2", tmp_path / "bf16", "bf16")
+    fp32 = export_onnx(TARGET, ASSETS / "dflash2", tmp_path / "fp32", "fp32")
+    runtime = json.loads((bf16 / "genai_config.json").read_text())
+    assert runtime["model"]["weights_dtype"] == "bfloat16"
+    model = onnx.load(str(bf16 / "target.onnx"), load_external_data=False)
+    assert any(i.data_type == onnx.TensorProto.BFLOAT16 for i in model.graph.initializer)
+    for name in ("target.onnx.data", "drafter.onnx.data"):
+        assert (bf16 / name).stat().st_size * 2 == (fp32 / name).stat().st_size
+    a, b = OnnxBackend(bf16), OnnxBackend(fp32)
+    for prompt in PROMPTS[:2]:
+        ga = lattice_generate(a, prompt, SamplingParams(max_tokens=30))
+        gb = lattice_generate(b, prompt, SamplingParams(max_tokens=30))
+        assert ga.token_ids == gb.token_ids and ga.acceptance_lengths == gb.acceptance_lengths

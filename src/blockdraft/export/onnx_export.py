@@ -35,7 +35,10 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
                 top_k: int | None = None, opset: int = 18) -> Path:
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype must be fp32 or bf16, got {dtype!r}")
-    torch_dtype = DTYPES[dtype]
+    # bf16: weights are stored in bf16 and cast to fp32 where used — onnxruntime's CPU provider has
+    # no bf16 MatMul/Gemm kernels, so compute, caches and I/O stay fp32 (edge math is fp32 anyway)
+    weights_bf16 = DTYPES[dtype] == torch.bfloat16
+    torch_dtype = torch.float32
     target = load_target(Path(target_dir), torch_dtype)       # validates the target checkpoint
     drafter = load_drafter(Path(drafter_dir), target)          # validates taps, fc width, vocab, heads
     cfg = drafter.config
@@ -78,8 +81,12 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
              **{n: {0: "batch", 2: "past_seq"} for n in dr_in}, **{n: {0: "batch", 2: "total_seq"} for n in dr_out},
              "draft_candidate_ids": {0: "batch"}, "draft_scores": {0: "batch"}},
             opset)
+    if weights_bf16:
+        for graph in ("target.onnx", "drafter.onnx"):
+            weights_to_bf16(tmp / graph)
     shared = share_initializers(tmp, ["target.onnx", "drafter.onnx"])
     runtime = runtime_json(target, drafter, top_k, torch_dtype, shared)
+    runtime["model"]["weights_dtype"] = "bfloat16" if weights_bf16 else "float32"
     (tmp / "genai_config.json").write_text(json.dumps(runtime, indent=1) + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         if (Path(target_dir) / name).is_file():
@@ -97,6 +104,30 @@ def _export(module, args, path: Path, inputs, outputs, dynamic_axes, opset: int)
         warnings.simplefilter("ignore")
         torch.onnx.export(module, args, str(path), input_names=inputs, output_names=outputs,
                           dynamic_axes=dynamic_axes, opset_version=opset, dynamo=False, do_constant_folding=False)  # keep shared bytes intact
+
+
+def weights_to_bf16(path: Path, threshold: int = 1024) -> None:
+    """Store every fp32 initializer of >= threshold elements as bf16, with a Cast back to fp32."""
+    import ml_dtypes
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    casts = []
+    for init in model.graph.initializer:
+        if init.data_type != onnx.TensorProto.FLOAT or int(np.prod(init.dims)) < threshold:
+            continue
+        values = numpy_helper.to_array(init).astype(ml_dtypes.bfloat16)
+        name = init.name
+        init.CopyFrom(helper.make_tensor(f"{name}.bf16", onnx.TensorProto.BFLOAT16, list(init.dims),
+                                         values.view(np.uint16).tobytes(), raw=True))
+        casts.append(helper.make_node("Cast", [f"{name}.bf16"], [name], to=onnx.TensorProto.FLOAT,
+                                      name=f"{name}.cast"))
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(casts + nodes)
+    onnx.save_model(model, str(path))
 
 
 def share_initializers(folder: Path, names: list[str], threshold: int = 1024) -> list[str]:
