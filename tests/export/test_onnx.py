@@ -175,7 +175,7 @@ def test_bf16_export_stores_bf16_weights_and_agrees(tmp_path):
     model = onnx.load(str(bf16 / "target.onnx"), load_external_data=False)
     assert any(i.data_type == onnx.TensorProto.BFLOAT16 for i in model.graph.initializer)
     for name in ("target.onnx.data", "drafter.onnx.data"):
-        assert (bf16 / name).stat().st_size * 2 == (fp32 / name).stat().st_size
+        assert (bf16 / name).stat().st_size < 0.6 * (fp32 / name).stat().st_size     # small tensors stay fp32
     a, b = OnnxBackend(bf16), OnnxBackend(fp32)
     for prompt in PROMPTS[:2]:
         ga = lattice_generate(a, prompt, SamplingParams(max_tokens=30))
