@@ -33,7 +33,7 @@ NEW_TOKENS = 128
 N_SELF, N_CODE, N_MATH = 360, 300, 180
 CFG = TrainConfig(steps=int(os.environ.get("STEPS", 1500)), lr=1e-3, warmup=30, seqs_per_step=4,
                   anchors_per_seq=16, seed=0, save_every=100, new_tokens=NEW_TOKENS)
-torch.set_num_threads(os.cpu_count() or 2)
+torch.set_num_threads(int(os.environ.get("THREADS", os.cpu_count() or 2)))
 
 
 def training_prompts(llm: LLM) -> dict[str, list[str]]:

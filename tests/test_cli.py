@@ -110,3 +110,15 @@ def test_serve_shuts_down_cleanly_on_sigint():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.slow
+def test_default_model_is_smollm2_with_the_shipped_dspark(capsys):
+    """No --target: SmolLM2-135M-Instruct (bf16) with its shipped DSpark drafter, as the README's first line."""
+    out = run_json(capsys, "--chat", "--prompt", "What is the capital of France?", "--max-new-tokens", "24")
+    assert "Paris" in out["text"] and out["drafter"] == "dspark"
+    assert sum(out["acceptance_lengths"]) == len(out["token_ids"]) - 1
+    assert sum(out["acceptance_lengths"]) / len(out["acceptance_lengths"]) > 1.5
+    plain = run_json(capsys, "--chat", "--prompt", "What is the capital of France?", "--max-new-tokens", "24",
+                     "--drafter", "none")
+    assert plain["token_ids"] == out["token_ids"]                 # lossless on the real model

@@ -90,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "--out to continue. Writes the published layout, training.json and training.png.")
     t.add_argument("--target", required=True, help="HF target directory, or 'smollm2'")
     t.add_argument("--kind", choices=["dflash", "dspark"], default="dspark")
-    t.add_argument("--prompts", required=True, help="training prompts (.txt lines or .jsonl)")
+    t.add_argument("--prompts", required=True, help="training prompts (.txt lines or .jsonl), or builtin[:N] for "
+                   "N prompts from the offline sources in train/prompts.py (self-instruct, stdlib docstrings, "
+                   "templated arithmetic; implies --chat)")
     t.add_argument("--eval-prompts", help="held-out prompts for the validation AL (default: last 10%%)")
     t.add_argument("--out", required=True)
     t.add_argument("--layers", type=int, default=1)
@@ -230,6 +232,21 @@ def _read_prompts(path: str) -> list[str]:
     return lines
 
 
+def _builtin_prompts(llm, spec: str) -> list[str]:
+    from .errors import RequestError
+    from .train import prompts as sources
+
+    _, _, n = spec.partition(":")
+    try:
+        total = int(n) if n else 240
+    except ValueError:
+        raise RequestError(f"--prompts builtin:N needs an integer N, got {spec!r}") from None
+    if total < 6:
+        raise RequestError(f"--prompts builtin:N needs N >= 6, got {total}")
+    return (sources.self_instruct(llm, total * 3 // 7) + sources.stdlib_code(total * 5 // 14)
+            + sources.templated_math(total - total * 3 // 7 - total * 5 // 14))
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -238,9 +255,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .llm import LLM
     from .train.trainer import TrainConfig, train
 
-    llm = LLM(target=args.target, drafter="none", dtype="float32", max_batch=1)
-    encode = (lambda text: llm.encode(text, chat=args.chat))
-    prompts = [encode(p) for p in _read_prompts(args.prompts)]
+    builtin = args.prompts.startswith("builtin")
+    llm = LLM(target=args.target, drafter="none", dtype="float32", max_batch=32 if builtin else 1)
+    encode = (lambda text: llm.encode(text, chat=args.chat or builtin))
+    prompts = [encode(p) for p in (_builtin_prompts(llm, args.prompts) if builtin else _read_prompts(args.prompts))]
     if args.eval_prompts:
         held_out = [encode(p) for p in _read_prompts(args.eval_prompts)]
     else:

@@ -43,6 +43,30 @@ class Generation:
         return sum(a) / len(a) if a else 0.0
 
 
+def verify_block(drafts: torch.Tensor, logits: torch.Tensor, draft_probs: torch.Tensor | None,
+                 params: SamplingParams, generator: torch.Generator | None) -> list[int]:
+    """drafts [n], target logits [n + 1, V] over [anchor, drafts] -> accepted drafts + the correction
+    or bonus token (greedy prefix match, or rejection sampling against `draft_probs` [n, V])."""
+    if params.greedy:
+        accepted, next_token = greedy_accept(drafts, logits)
+    else:
+        target_probs = sampling_probs(logits, params)
+        probs = draft_probs if draft_probs is not None else target_probs[:0]
+        accepted, next_token = rejection_accept(drafts, probs, target_probs, generator)
+    return drafts[:accepted].tolist() + [next_token]
+
+
+def append_committed(tokens: list[int], new: list[int], room: int, stop: StopCriteria):
+    """Append up to `room` of `new`, cut at the first stop. Returns (tokens committed, stop hit or None)."""
+    produced = min(len(new), room)
+    tokens.extend(new[:produced])
+    hit = stop.first_stop(tokens, len(tokens) - produced)
+    if hit is not None:
+        produced -= len(tokens) - hit[0]
+        del tokens[hit[0]:]
+    return produced, hit
+
+
 def check_request(target: TargetModel, prompt_ids: list[int], params: SamplingParams) -> None:
     cfg = target.config
     if not prompt_ids:
@@ -91,19 +115,9 @@ def generate_one(target: TargetModel, prompt_ids: list[int], params: SamplingPar
             block = anchor[:, None]
         out = target(block, cache, taps)                                              # logits [1, 1 + n, V]
         drafts = block[0, 1:]
-        if params.greedy:
-            accepted, next_token = greedy_accept(drafts, out.logits[0])
-        else:
-            target_probs = sampling_probs(out.logits[0], params)
-            draft_probs = proposal.draft_probs[0] if proposal is not None else target_probs[:0]
-            accepted, next_token = rejection_accept(drafts, draft_probs, target_probs, generator)
-        new = drafts[:accepted].tolist() + [next_token]
-        produced = min(len(new), max_length - start - 1)
-        tokens.extend(new[:produced])
-        hit = stop.first_stop(tokens, len(tokens) - produced)
-        if hit is not None:
-            produced -= len(tokens) - hit[0]
-            del tokens[hit[0]:]
+        draft_probs = proposal.draft_probs[0] if proposal is not None and proposal.draft_probs is not None else None
+        new = verify_block(drafts, out.logits[0], draft_probs, params, generator)
+        produced, hit = append_committed(tokens, new, max_length - start - 1, stop)
         cache.truncate(start + produced)           # anchor + accepted drafts are committed
         if drafter is not None:
             drafter.extend_context(out.taps[:, :produced], draft_cache)

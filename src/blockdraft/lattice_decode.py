@@ -12,15 +12,14 @@ from typing import Protocol
 
 import torch
 
-from .decode import Generation
+from .decode import Generation, append_committed, verify_block
 from .models.drafter import BlockDrafter
 from .models.target import TargetModel
 from .sampling.params import SamplingParams
-from .sampling.probs import pick, sampling_probs
+from .sampling.probs import pick
 from .sampling.stops import StopCriteria
 from .spec.lattice import Lattice, dflash2_lattice, dspark_lattice, walk
 from .spec.propose import draft_slots
-from .spec.verify import greedy_accept, rejection_accept
 
 
 class LatticeBackend(Protocol):
@@ -61,18 +60,8 @@ def lattice_generate(backend: LatticeBackend, prompt_ids: list[int], params: Sam
         n = min(backend.num_draft_tokens, max_length - start - 1)
         drafts = drafts[0, :n]
         logits, taps = backend.target_step([tokens[-1]] + drafts.tolist(), start)     # [1 + n, V]
-        if params.greedy:
-            accepted, next_token = greedy_accept(drafts, logits)
-        else:
-            accepted, next_token = rejection_accept(drafts, draft_probs[0, :n], sampling_probs(logits, params),
-                                                    generator)
-        new = drafts[:accepted].tolist() + [next_token]
-        produced = min(len(new), max_length - start - 1)
-        tokens.extend(new[:produced])
-        hit = stop.first_stop(tokens, len(tokens) - produced)
-        if hit is not None:
-            produced -= len(tokens) - hit[0]
-            del tokens[hit[0]:]
+        new = verify_block(drafts, logits, None if draft_probs is None else draft_probs[0, :n], params, generator)
+        produced, hit = append_committed(tokens, new, max_length - start - 1, stop)
         backend.commit_target(start + produced)
         pending, pending_start = taps[:produced], start
         gen.acceptance_lengths.append(produced)

@@ -109,3 +109,21 @@ def test_train_cli(tmp_path, capsys):
     assert report["validation_mean_al"] >= 1.0 and (out / "model.safetensors").is_file()
     assert main(["train", "--target", str(ASSETS / "target-qwen3"), "--prompts", str(tmp_path / "nope.txt"),
                  "--out", str(out), "--taps", "0"]) == 2
+
+
+def test_train_cli_builtin_prompts(tmp_path, capsys):
+    out = tmp_path / "drafter"
+    assert main(["train", "--target", str(ASSETS / "target-qwen3"), "--kind", "dflash", "--prompts", "builtin:8",
+                 "--out", str(out), "--taps", "0,2", "--steps", "2", "--block-size", "4", "--new-tokens", "8"]) == 0
+    assert (out / "model.safetensors").is_file()
+    assert main(["train", "--target", str(ASSETS / "target-qwen3"), "--prompts", "builtin:x", "--out", str(out),
+                 "--taps", "0"]) == 2
+    assert "builtin:N needs an integer" in capsys.readouterr().err
+
+
+def test_builtin_prompt_sources_are_offline_and_deterministic():
+    from blockdraft.train.prompts import stdlib_code, templated_math
+
+    assert stdlib_code(20, seed=1) == stdlib_code(20, seed=1) and len(stdlib_code(20)) == 20
+    assert templated_math(10, seed=2) == templated_math(10, seed=2)
+    assert all("Python" in p or "`" in p for p in stdlib_code(20))

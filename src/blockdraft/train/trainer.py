@@ -197,11 +197,11 @@ def train(drafter: BlockDrafter, target: TargetModel, prompts: list[list[int]], 
                "validation_mean_al": mean_acceptance(target, drafter, eval_prompts, cfg.new_tokens)}
     save_drafter(drafter, target, out_dir)
     (out_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
-    _plot(history, out_dir / "training.png")
+    _plot(history, out_dir / "training.png", summary["validation_mean_al"])
     return summary
 
 
-def _plot(history: list[dict], path: Path) -> None:
+def _plot(history: list[dict], path: Path, validation_al: float | None = None) -> None:
     try:
         import matplotlib
     except ImportError:
@@ -214,6 +214,8 @@ def _plot(history: list[dict], path: Path) -> None:
         if history and key in history[0]:
             ax.plot([h["step"] for h in history], [h[key] for h in history], label=key)
     ax.set_xlabel("step")
+    if validation_al is not None:
+        ax.set_title(f"validation mean acceptance length {validation_al:.2f}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
