@@ -148,3 +148,16 @@ def test_serve_tp2_answers_like_tp1_and_stops_on_sigint(capsys):
             os.killpg(proc.pid, signal.SIGKILL)
             raise
     assert proc.returncode == 0, proc.stdout.read()[-2000:]
+
+
+def test_bench_tp2_reports_like_tp1(tmp_path):
+    drafters = f"dspark={ASSETS / 'dspark'}"
+    common = ["bench", "--target", str(TARGET), "--drafters", drafters, "--sets", "math", "--quick", "--no-hf",
+              "--temperatures", "0"]
+    assert main([*common, "--out", str(tmp_path / "one")]) == 0
+    assert main([*common, "--tp", "2", "--out", str(tmp_path / "two")]) == 0
+    one = json.loads((tmp_path / "one" / "bench.json").read_text())
+    two = json.loads((tmp_path / "two" / "bench.json").read_text())
+    assert two["tp"] == 2 and one["tp"] == 1
+    a, b = one["results"]["math"]["T=0"]["dspark"], two["results"]["math"]["T=0"]["dspark"]
+    assert a["al_histogram"] == b["al_histogram"] and b["greedy_matches_ar"] == 2
