@@ -100,7 +100,7 @@ embedding and LM head are reused, not stored.
 | data | {n_seq} prompts → the target's own greedy responses (≤ 128 tokens, fp32 target), {n_tok} tokens with taps; {data_min:.1f} min to generate |
 | prompts | self-instruct user turns sampled from SmolLM2 itself (Apache-2.0), "write a function" requests from Python standard-library docstrings (PSF-2.0), templated arithmetic (this project); no evaluation prompt is among them |
 | budget | {steps} steps × {seqs} sequences × {anchors} anchors, AdamW lr {lr} (warmup, cosine), the same for DFlash and DSpark |
-| training time | {train_min:.1f} min on 2 CPU cores |
+| training time | {train_min:.1f} min on one CPU thread (DFlash and DSpark trained side by side on a 2-core machine) |
 | final loss | {loss:.3f} |
 | validation mean AL | {al:.2f} (greedy, 12 held-out prompts: 4 chat, 4 math, 4 HumanEval, 128 tokens) |
 
