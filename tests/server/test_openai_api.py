@@ -9,6 +9,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from blockdraft.cli import main
 from conftest import ASSETS
+
+TINY_DSPARK = ["--target", str(ASSETS / "target-qwen3"), "--drafter", str(ASSETS / "dspark")]
 from server_harness import API_KEY, server  # noqa: F401  (fixture)
 
 
@@ -24,7 +26,7 @@ def cli_tokens(capsys, *args):
 
 def test_completion_matches_cli_generate(client, capsys):
     r = client.completions.create(model="tiny", prompt="Hello there", max_tokens=20, temperature=0)
-    ref = cli_tokens(capsys, "--prompt", "Hello there", "--max-new-tokens", "20", "--target", str(ASSETS / "target-qwen3"), "--drafter", str(ASSETS / "dspark"))
+    ref = cli_tokens(capsys, "--prompt", "Hello there", "--max-new-tokens", "20", *TINY_DSPARK)
     assert r.choices[0].text == ref["text"]
     assert r.usage.completion_tokens == len(ref["token_ids"])
     assert r.usage.prompt_tokens == len("Hello there")          # character-level tokenizer
@@ -37,7 +39,7 @@ def test_completion_matches_cli_generate(client, capsys):
 def test_chat_matches_cli_chat(client, capsys):
     r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=12,
                                        temperature=0)
-    ref = cli_tokens(capsys, "--prompt", "hi", "--chat", "--max-new-tokens", "12", "--target", str(ASSETS / "target-qwen3"), "--drafter", str(ASSETS / "dspark"))
+    ref = cli_tokens(capsys, "--prompt", "hi", "--chat", "--max-new-tokens", "12", *TINY_DSPARK)
     assert r.choices[0].message.content == ref["text"] and r.choices[0].message.role == "assistant"
     assert r.usage.completion_tokens == len(ref["token_ids"])
 

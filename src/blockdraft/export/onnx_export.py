@@ -103,7 +103,8 @@ def _export(module, args, path: Path, inputs, outputs, dynamic_axes, opset: int)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(module, args, str(path), input_names=inputs, output_names=outputs,
-                          dynamic_axes=dynamic_axes, opset_version=opset, dynamo=False, do_constant_folding=False)  # keep shared bytes intact
+                          dynamic_axes=dynamic_axes, opset_version=opset, dynamo=False,
+                          do_constant_folding=False)  # folding would rewrite shared weights (transposes)
 
 
 def weights_to_bf16(path: Path, threshold: int = 1024) -> None:

@@ -1,8 +1,9 @@
 """Candidate lattice (ORT-GenAI contract) and the walk over it.
 
 `candidate_ids` int64 [batch, n, K]: the top-K base draft logits per slot (sorted,
-best first, equal logits in ascending id order). `scores` fp32 [batch, n, K, K]: `scores[b, i, p, j]` = base logit of
-candidate j at slot i + edge(candidate p of slot i-1 → candidate j of slot i);
+best first, equal logits in ascending id order). `scores` fp32 [batch, n, K, K]:
+`scores[b, i, p, j]` = base logit of candidate j at slot i + edge(candidate p of
+slot i-1 → candidate j of slot i);
 slot 0's predecessor is the anchor, so its K rows are equal. Edge math is fp32.
 """
 

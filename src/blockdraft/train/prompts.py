@@ -92,8 +92,8 @@ def self_instruct(llm, n: int, seed: int = 0, max_tokens: int = 48) -> list[str]
     attempt = 0
     while len(out) < n and attempt < 4:
         want = n - len(out)
-        params = [SamplingParams(temperature=1.0, top_p=0.95, max_tokens=max_tokens, seed=seed * 1_000_003 + attempt * 100_003 + i)
-                  for i in range(want + want // 4)]
+        params = [SamplingParams(temperature=1.0, top_p=0.95, max_tokens=max_tokens,
+                                 seed=seed * 1_000_003 + attempt * 100_003 + i) for i in range(want + want // 4)]
         results = llm.engine.generate([pre_query] * len(params), params)
         for r in results:
             text = tok.decode(r.token_ids).strip()
