@@ -1,4 +1,6 @@
-"""TP=1 vs TP=2 on the default model (SmolLM2-135M, bf16 by default), batch 1, gloo on this CPU.
+"""TP=1 vs TP=N on the default model (SmolLM2-135M, bf16 by default), batch 1, gloo on this CPU.
+
+SmolLM2 has 9 attention heads and 3 KV heads, so N = 3 is the smallest TP size that divides it.
 
 Each configuration runs the same prompts (AR and the shipped DSpark) in its own process group;
 tokens/s are medians of repeats, AL from the first repeat. Writes benchmarks/results/tp.json.
@@ -52,6 +54,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--tp", type=int, default=3, help="SmolLM2 has 9 heads and 3 KV heads: TP 3 divides them")
     args = ap.parse_args()
     target_dir = smollm2_dir()
     tok = Tokenizer(target_dir)
@@ -60,7 +63,7 @@ def main() -> None:
     eos = frozenset({tok.eos_token_id})
     report = {"dtype": args.dtype, "prompts": len(prompts), "max_new_tokens": args.tokens, "results": {}}
     for name, drafter in (("ar", None), ("dspark", DEFAULT_DRAFTERS["dspark"])):
-        for tp in (1, 2):
+        for tp in (1, args.tp):
             spec = ModelSpec(target_dir, drafter, args.dtype)
             report["results"][f"{name}_tp{tp}"] = run_tp(tp, timed_task, (spec, prompts, params, args.repeats, eos))
             print(name, tp, report["results"][f"{name}_tp{tp}"])

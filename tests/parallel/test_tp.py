@@ -161,3 +161,12 @@ def test_bench_tp2_reports_like_tp1(tmp_path):
     assert two["tp"] == 2 and one["tp"] == 1
     a, b = one["results"]["math"]["T=0"]["dspark"], two["results"]["math"]["T=0"]["dspark"]
     assert a["al_histogram"] == b["al_histogram"] and b["greedy_matches_ar"] == 2
+
+
+def test_sharding_itself_refuses_to_drop_heads():
+    """Even when called directly (no CLI check first), sharding never slices an indivisible head count."""
+    from blockdraft.parallel.layers import TPGroup
+    from blockdraft.parallel.shard import shard_target
+
+    with pytest.raises(ConfigError, match="num_attention_heads=4 is not divisible by the TP size 3"):
+        shard_target(load_target(TARGET, "float32"), TPGroup(0, 3))

@@ -25,21 +25,20 @@ from .layers import (ColumnParallelLinear, RowParallelLinear, TPGroup, VocabPara
                      shard_argmax)
 
 
-def check_tp(tp: int, target: TargetConfig, drafter: DrafterConfig | None = None) -> None:
-    """Refuse a TP size the models cannot be split by — before any process starts."""
+def check_tp(tp: int, target: TargetConfig | None, drafter: DrafterConfig | None = None) -> None:
+    """Refuse a TP size the models cannot be split by — before any process starts (and again before
+    any weight is sliced, so a head is never silently dropped)."""
     if not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"--tp must be an integer >= 1, got {tp!r}")
-    checks = [("target", target, ("num_heads", "num_kv_heads", "intermediate_size", "vocab_size"))]
-    if drafter is not None:
-        fields = ("num_heads", "num_kv_heads", "intermediate_size", "vocab_size")
-        checks.append(("drafter", drafter, fields))
     names = {"num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
              "intermediate_size": "intermediate_size", "vocab_size": "vocab_size"}
-    for who, cfg, fields in checks:
-        for f in fields:
-            value = getattr(cfg, f)
+    for who, cfg in (("target", target), ("drafter", drafter)):
+        if cfg is None:
+            continue
+        for field, name in names.items():
+            value = getattr(cfg, field)
             if value % tp:
-                raise ConfigError(f"--tp {tp}: {who} {names[f]}={value} is not divisible by the TP size {tp}")
+                raise ConfigError(f"--tp {tp}: {who} {name}={value} is not divisible by the TP size {tp}")
 
 
 class ShardedMarkovHead(nn.Module):
@@ -89,6 +88,7 @@ def _local_config(cfg, tp: TPGroup):
 
 @torch.no_grad()
 def shard_target(target: TargetModel, tp: TPGroup) -> TargetModel:
+    check_tp(tp.world, target.config)
     for layer in target.layers:
         _shard_attention(layer.self_attn, tp)
         _shard_mlp(layer.mlp, tp)
@@ -101,6 +101,7 @@ def shard_target(target: TargetModel, tp: TPGroup) -> TargetModel:
 @torch.no_grad()
 def shard_drafter(drafter: BlockDrafter, target: TargetModel, tp: TPGroup) -> BlockDrafter:
     """Call after `shard_target`: the drafter's shared embedding / LM head become the target's shards."""
+    check_tp(tp.world, None, drafter.config)
     for layer in drafter.layers:
         _shard_attention(layer.self_attn, tp)
         _shard_mlp(layer.mlp, tp)
