@@ -32,6 +32,13 @@ class Generation:
     prefill_s: float = 0.0
     decode_s: float = 0.0
 
+    def finish(self, started: float, hit: tuple[int, str] | None) -> "Generation":
+        """Record decode time (since `started`, minus prefill) and the stop reason, if any."""
+        self.decode_s = time.perf_counter() - started - self.prefill_s
+        if hit is not None:
+            self.finish_reason = hit[1]
+        return self
+
     @property
     def tokens_per_s(self) -> float:
         total = self.prefill_s + self.decode_s
@@ -123,7 +130,4 @@ def generate_one(target: TargetModel, prompt_ids: list[int], params: SamplingPar
             drafter.extend_context(out.taps[:, :produced], draft_cache)
             gen.acceptance_lengths.append(produced)
         start += produced
-    gen.decode_s = time.perf_counter() - t0 - gen.prefill_s
-    if hit is not None:
-        gen.finish_reason = hit[1]
-    return gen
+    return gen.finish(t0, hit)

@@ -66,10 +66,7 @@ def lattice_generate(backend: LatticeBackend, prompt_ids: list[int], params: Sam
         pending, pending_start = taps[:produced], start
         gen.acceptance_lengths.append(produced)
         start += produced
-    gen.decode_s = time.perf_counter() - t0 - gen.prefill_s
-    if hit is not None:
-        gen.finish_reason = hit[1]
-    return gen
+    return gen.finish(t0, hit)
 
 
 class TorchLatticeBackend:
