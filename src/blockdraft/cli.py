@@ -183,17 +183,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       max_new_tokens=24 if args.quick else args.max_new_tokens, temperatures=temps,
                       repeats=1 if args.quick else args.repeats, hf_baseline=not args.no_hf,
                       dtype=args.dtype or ("bfloat16" if is_default_target(args.target) else "float32"))
+    from .bench.prompt_sets import SETS
+
+    unknown = [s for s in cfg.sets if s not in SETS]
+    if unknown:
+        raise ConfigError(f"--sets: unknown set(s) {unknown}; choose from {', '.join(SETS)}")
     if is_default_target(args.target):
         from .default_model import smollm2_dir
 
         target_dir = smollm2_dir()
     else:
         target_dir = Path(args.target)
-    from .bench.prompt_sets import SETS
-
-    unknown = [s for s in cfg.sets if s not in SETS]
-    if unknown:
-        raise ConfigError(f"--sets: unknown set(s) {unknown}; choose from {', '.join(SETS)}")
     if args.tp != 1:
         from .loading import load_drafter, load_target
         from .parallel.launch import run_tp

@@ -131,6 +131,7 @@ def _section(r):
     (lambda r: _section(r).update(num_draft_tokens=_section(r)["block_size"] + 3), "num_draft_tokens="),
     (lambda r: _section(r).update(filename="missing.onnx"), "missing file:"),
     (lambda r: r["model"].pop("decoder"), "model.decoder (the target graph) is missing"),
+    (lambda r: r["model"]["decoder"].pop("head_size"), "field 'head_size' is missing"),
 ])
 def test_corrupted_runtime_json_is_refused_by_name(exported, tmp_path, edit, message):
     with pytest.raises(ConfigError) as err:

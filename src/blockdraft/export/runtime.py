@@ -97,7 +97,12 @@ class OnnxBackend:
             if not path.is_file():
                 raise ConfigError(f"missing file: {path}")
             self.sessions[role] = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        self._check_contract(dec, drf, where)
+        try:
+            self._check_contract(dec, drf, where)
+        except KeyError as e:
+            raise ContractError(f"genai_config.json: field {e.args[0]!r} is missing") from None
+        except TypeError as e:
+            raise ContractError(f"genai_config.json: a field has the wrong type ({e})") from None
         self.reset()
 
     def _check_contract(self, dec: dict, drf: dict, where: str) -> None:
