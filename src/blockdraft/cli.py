@@ -400,9 +400,11 @@ def _generate_onnx(args: argparse.Namespace) -> int:
     """`generate --onnx DIR`: the exported graphs on onnxruntime, same loop and output as the torch path."""
     from pathlib import Path
 
+    from .decode import check_prompt
     from .errors import RequestError
     from .export.runtime import OnnxBackend
     from .lattice_decode import lattice_generate
+    from .llm import LLM
     from .sampling.params import SamplingParams
     from .sampling.stops import StopCriteria
     from .tokenizer import Tokenizer
@@ -421,21 +423,13 @@ def _generate_onnx(args: argparse.Namespace) -> int:
         prompt = tok.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else tok.encode(args.prompt)
     else:
         prompt = args.prompt_ids
-    bad = [t for t in prompt if not 0 <= t < backend.vocab_size]
-    if bad or not prompt:
-        raise RequestError(f"prompt token ids {bad[:5]} outside the vocabulary [0, {backend.vocab_size})" if bad
-                           else "prompt is empty: at least one token is needed")
-    if len(prompt) + params.max_tokens > backend.context_length:
-        raise RequestError(f"prompt length {len(prompt)} + max_tokens {params.max_tokens} exceeds the context "
-                           f"length {backend.context_length}")
+    check_prompt(prompt, params, backend.vocab_size, backend.context_length)
     eos = set() if params.ignore_eos else set(backend.eos_token_ids) | (
         {tok.eos_token_id} if tok is not None and tok.eos_token_id is not None else set())
     stop = StopCriteria(eos_ids=frozenset(eos), stop_strings=tuple(params.stop or ()),
                         decode=tok.decode if tok is not None else None)
     out = lattice_generate(backend, prompt, params, stop)
-    text = tok.decode(out.token_ids) if tok is not None else ""
-    for s in params.stop or ():
-        text = text[: text.index(s)] if s in text else text
+    text = LLM._text(out.token_ids, params, tok.decode if tok is not None else None)
     _print_generation(args, out, text, backend.kind, {"backend": "onnxruntime"})
     return 0
 

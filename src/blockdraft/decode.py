@@ -75,15 +75,19 @@ def append_committed(tokens: list[int], new: list[int], room: int, stop: StopCri
 
 
 def check_request(target: TargetModel, prompt_ids: list[int], params: SamplingParams) -> None:
-    cfg = target.config
+    check_prompt(prompt_ids, params, target.config.vocab_size, target.config.max_position_embeddings)
+
+
+def check_prompt(prompt_ids: list[int], params: SamplingParams, vocab_size: int, context_length: int) -> None:
+    """Refuse an empty prompt, ids outside the vocabulary, or prompt + max_tokens past the context."""
     if not prompt_ids:
         raise RequestError("prompt is empty: at least one token is needed")
-    bad = [t for t in prompt_ids if not 0 <= t < cfg.vocab_size]
+    bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
     if bad:
-        raise RequestError(f"prompt token ids {bad[:5]} outside the vocabulary [0, {cfg.vocab_size})")
-    if len(prompt_ids) + params.max_tokens > cfg.max_position_embeddings:
+        raise RequestError(f"prompt token ids {bad[:5]} outside the vocabulary [0, {vocab_size})")
+    if len(prompt_ids) + params.max_tokens > context_length:
         raise RequestError(f"prompt length {len(prompt_ids)} + max_tokens {params.max_tokens} exceeds the "
-                           f"context length max_position_embeddings={cfg.max_position_embeddings}")
+                           f"context length max_position_embeddings={context_length}")
 
 
 @torch.inference_mode()

@@ -18,8 +18,7 @@ from .models.target import TargetModel
 from .sampling.params import SamplingParams
 from .sampling.probs import pick
 from .sampling.stops import StopCriteria
-from .spec.lattice import Lattice, dflash2_lattice, dspark_lattice, walk
-from .spec.propose import draft_slots
+from .spec.lattice import Lattice, block_lattice, walk
 
 
 class LatticeBackend(Protocol):
@@ -99,9 +98,4 @@ class TorchLatticeBackend:
         assert self.draft_cache.length == new_start, (self.draft_cache.length, new_start)
         d.extend_context(new_taps[None], self.draft_cache)
         hidden = d.block_hidden_of(torch.tensor([block_ids]), self.draft_cache.context())
-        slots = draft_slots(d, hidden, d.config.num_draft_tokens)
-        logits = d.logits(slots)
-        anchor = torch.tensor(block_ids[:1])
-        if d.config.kind == "dspark":
-            return dspark_lattice(logits, anchor, d.markov_head, self.top_k)
-        return dflash2_lattice(logits, slots, anchor, d.candidate_selector)
+        return block_lattice(d, hidden, torch.tensor(block_ids[:1]), self.top_k)

@@ -81,12 +81,9 @@ class LLM:
         self.max_batch = max_batch
         self.confidence_threshold = confidence_threshold
         if tp is not None and tp.world > 1:
-            from .parallel.shard import check_tp, shard_drafter, shard_target
+            from .parallel.shard import shard_models
 
-            check_tp(tp.world, self.target.config, self.drafter.config if self.drafter is not None else None)
-            shard_target(self.target, tp)
-            if self.drafter is not None:
-                shard_drafter(self.drafter, self.target, tp)
+            shard_models(self.target, [self.drafter] if self.drafter is not None else [], tp)
             adaptive_speculation = False          # timing-based decisions would differ between ranks
         max_len = max_model_len or min(self.target.config.max_position_embeddings, 4096)
         budget = cache_budget_bytes or self._default_budget(max_len, max_batch)

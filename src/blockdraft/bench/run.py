@@ -92,11 +92,9 @@ def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig,
     target = load_target(target_dir, cfg.dtype)
     drafters = {name: load_drafter(path, target) for name, path in drafter_dirs.items()}
     if tp is not None and tp.world > 1:
-        from ..parallel.shard import shard_drafter, shard_target
+        from ..parallel.shard import shard_models
 
-        shard_target(target, tp)
-        for d in drafters.values():
-            shard_drafter(d, target, tp)
+        shard_models(target, drafters.values(), tp)
         progress = progress and tp.rank == 0
     tok = Tokenizer(target_dir)
     eos = sorted(set(target.config.eos_token_ids) | ({tok.eos_token_id} if tok.eos_token_id is not None else set()))

@@ -22,8 +22,7 @@ from ..layers.attention import causal_visibility
 from ..models.drafter import BlockDrafter
 from ..models.kv_cache import ContextRead
 from ..models.target import TargetModel
-from ..spec.lattice import dflash2_lattice, dspark_lattice
-from ..spec.propose import draft_slots
+from ..spec.lattice import block_lattice
 
 
 def _past_positions(position_ids: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
@@ -82,11 +81,5 @@ class DrafterGraph(nn.Module):
             presents += [keys[-1][:, :, -window:], values[-1][:, :, -window:]] if window else [keys[-1], values[-1]]
         read = ContextRead(keys, values, positions, [None] * len(keys), position_ids[:, -1] + 1)
         hidden = d.block_hidden_of(input_ids, read)                                      # [b, B, D]
-        slots = draft_slots(d, hidden, d.config.num_draft_tokens)                        # [b, n, D]
-        logits = d.logits(slots)                                                         # [b, n, V]
-        anchor = input_ids[:, 0]
-        if d.config.kind == "dspark":
-            lattice = dspark_lattice(logits, anchor, d.markov_head, self.top_k)
-        else:
-            lattice = dflash2_lattice(logits, slots, anchor, d.candidate_selector)
+        lattice = block_lattice(d, hidden, input_ids[:, 0], self.top_k)
         return (lattice.candidate_ids, lattice.scores, *presents)

@@ -49,14 +49,8 @@ class MirroredEngine:
         return self._engine.step()
 
     def generate(self, prompts, params):
-        plist = params if isinstance(params, list) else [params] * len(prompts)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
-        while any(not self._engine.seqs[r].is_finished for r in ids):
-            self.step()
-        outs = [self._engine._output(self._engine.seqs[r]) for r in ids]
-        for r in ids:
-            del self._engine.seqs[r]
-        return outs
+        """LLMEngine.generate, with adds and steps going through the mirror."""
+        return LLMEngine.generate(self, prompts, params)
 
     def shutdown(self) -> None:
         """Tell the other ranks to leave `follow`."""

@@ -86,6 +86,15 @@ def _local_config(cfg, tp: TPGroup):
     return dataclasses.replace(cfg, num_heads=cfg.num_heads // tp.world, num_kv_heads=cfg.num_kv_heads // tp.world)
 
 
+def shard_models(target: TargetModel, drafters, tp: TPGroup) -> None:
+    """Shard a target and the drafters loaded against it (no-op at TP=1); drafters after the target."""
+    if tp.world == 1:
+        return
+    shard_target(target, tp)
+    for drafter in drafters:
+        shard_drafter(drafter, target, tp)
+
+
 @torch.no_grad()
 def shard_target(target: TargetModel, tp: TPGroup) -> TargetModel:
     check_tp(tp.world, target.config)

@@ -17,7 +17,7 @@ from ..loading import load_drafter, load_target
 from ..sampling.params import SamplingParams
 from ..sampling.stops import StopCriteria
 from .layers import TPGroup
-from .shard import shard_drafter, shard_target
+from .shard import shard_models
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,7 @@ def load_sharded(spec: ModelSpec, tp: TPGroup):
     drafter = None
     if spec.drafter_dir is not None:
         drafter = load_drafter(spec.drafter_dir, target, mode=spec.mode, block_size=spec.block_size)
-    if tp.world > 1:
-        shard_target(target, tp)
-        if drafter is not None:
-            shard_drafter(drafter, target, tp)
+    shard_models(target, [drafter] if drafter is not None else [], tp)
     return target, drafter
 
 

@@ -64,6 +64,18 @@ def dflash2_lattice(logits: torch.Tensor, hidden: torch.Tensor, anchor: torch.Te
     return Lattice(cand, unary[:, :, None, :] + edges)
 
 
+def block_lattice(drafter, hidden: torch.Tensor, anchor: torch.Tensor, top_k: int) -> Lattice:
+    """Block hidden [b, rows, D] of a DSpark or DFlash2 drafter -> its candidate lattice (DFlash2 uses
+    its selector's own top-K)."""
+    from .propose import draft_slots          # propose imports this module
+
+    slots = draft_slots(drafter, hidden, drafter.config.num_draft_tokens)               # [b, n, D]
+    logits = drafter.logits(slots)                                                      # [b, n, V]
+    if drafter.config.kind == "dspark":
+        return dspark_lattice(logits, anchor, drafter.markov_head, top_k)
+    return dflash2_lattice(logits, slots, anchor, drafter.candidate_selector)
+
+
 def walk(lattice: Lattice, params: SamplingParams, generator: torch.Generator | None,
          vocab_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Walk from the anchor, carrying the chosen index. Returns drafts [b, n] and, when sampling,
