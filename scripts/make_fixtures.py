@@ -13,14 +13,17 @@ The committed weights came from an earlier form of the loop (one anchor per step
 rerunning this script gives different weights, so regenerate the goldens with them
 (`scripts/goldens/regen.sh --fixtures` does both).
 
-    python scripts/make_fixtures.py        # rewrites src/blockdraft/assets/tiny/*
+    python scripts/make_fixtures.py                  # rewrites src/blockdraft/assets/tiny/*
+    python scripts/make_fixtures.py --only dspark-last,dflash-last   # just these drafters
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -57,6 +60,15 @@ DRAFTERS = {
                "target_layer_ids": [0, 2], "block_size": 5, "mask_token_id": MASK_ID, "markov_rank": 16,
                "enable_confidence_head": True, "confidence_head_with_markov": True,
                "num_anchors": 512, "loss_decay_gamma": 4.0},  # training-only keys are ignored
+    # tapping the target's last layer, where the two tap points differ (DESIGN.md §2): DSpark reads
+    # it before the final norm (layer_output), DFlash after it (hidden_states)
+    "dspark-last": {**COMMON, "architectures": ["Qwen3DSparkModel"], "num_hidden_layers": 2,
+                    "num_target_layers": LAYERS, "target_layer_ids": [1, LAYERS - 1], "block_size": 5,
+                    "mask_token_id": MASK_ID, "markov_rank": 16, "enable_confidence_head": True,
+                    "confidence_head_with_markov": True},
+    "dflash-last": {**COMMON, "architectures": ["DFlashDraftModel"], "num_hidden_layers": 2,
+                    "num_target_layers": LAYERS, "block_size": 6,
+                    "dflash_config": {"mask_token_id": MASK_ID, "target_layer_ids": [1, LAYERS - 1]}},
 }
 
 
@@ -115,7 +127,7 @@ def drafter_tensors(name: str, cfg: dict, target, gen: torch.Generator) -> dict[
     from blockdraft.models.drafter import BlockDrafter
 
     shapes = {}
-    if name == "dspark":
+    if name.startswith("dspark"):
         shapes = {"markov_head.markov_w1.weight": (VOCAB, 16), "markov_head.markov_w2.weight": (VOCAB, 16),
                   "confidence_head.proj.weight": (1, HIDDEN + 16), "confidence_head.proj.bias": (1,),
                   "embed_tokens.weight": (VOCAB, HIDDEN), "lm_head.weight": (VOCAB, HIDDEN)}
@@ -137,19 +149,32 @@ def drafter_tensors(name: str, cfg: dict, target, gen: torch.Generator) -> dict[
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="rebuild the tiny fixtures")
+    ap.add_argument("--only", default="", help="comma-separated drafter names: rebuild just these "
+                    "(the target and the other drafters stay as committed)")
+    only = [n for n in ap.parse_args(argv).only.split(",") if n]
+    unknown = sorted(set(only) - set(DRAFTERS))
+    if unknown:
+        raise SystemExit(f"--only: unknown fixtures {unknown}; choose from {sorted(DRAFTERS)}")
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1234)
-    write(OUT / "target-qwen3", TARGET, target_tensors(gen))
-    write_tokenizer(OUT / "target-qwen3")
+    if not only:
+        write(OUT / "target-qwen3", TARGET, target_tensors(gen))
+        write_tokenizer(OUT / "target-qwen3")
+    else:
+        target_tensors(gen)                     # same generator state as a full rebuild
     target = load_target(OUT / "target-qwen3")
     prompts = [torch.randint(0, MASK_ID, (int(n),), generator=gen).tolist()
                for n in torch.randint(4, 16, (48,), generator=gen)]
     for name, cfg in DRAFTERS.items():
+        if only and name not in only:
+            continue
+        gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))   # each fixture its own stream
         t0 = time.time()
         write(OUT / name, cfg, drafter_tensors(name, cfg, target, gen))
         drafter = load_drafter(OUT / name, target)
-        data = teacher_data(target, prompts, 48, drafter.config.target_layer_ids)
+        data = teacher_data(target, prompts, 48, drafter.config.taps)
         history = fit(drafter, data, TrainConfig(steps=500, lr=1e-2, seqs_per_step=1, anchors_per_seq=8, seed=7),
                       progress=False)
         losses = [h["loss"] for h in history]

@@ -34,8 +34,20 @@ def test_stop_string_cuts_text_and_stops(llm):
 
 
 def test_eos_stops_unless_ignored(llm):
-    eos = llm.tokenizer.eos_token_id
-    assert eos in llm._eos_ids()
+    """Generation ends at the first EOS id (kept as the last token) unless ignore_eos."""
+    assert llm.tokenizer.eos_token_id in llm._eos_ids()
+    full = llm.generate(["abc"], blockdraft.SamplingParams(max_tokens=30, ignore_eos=True))[0].token_ids
+    eos = full[len(full) // 2]                      # pretend a mid-run token is the model's EOS
+    cut = full.index(eos)
+    saved = llm.engine.eos_ids
+    llm.engine.eos_ids = frozenset({eos})
+    try:
+        stopped = llm.generate(["abc"], blockdraft.SamplingParams(max_tokens=30))[0]
+        ignored = llm.generate(["abc"], blockdraft.SamplingParams(max_tokens=30, ignore_eos=True))[0]
+    finally:
+        llm.engine.eos_ids = saved
+    assert stopped.finish_reason == "stop" and stopped.token_ids == full[:cut + 1]
+    assert ignored.token_ids == full and ignored.finish_reason == "length"
 
 
 def test_load_target_and_logits_surface():

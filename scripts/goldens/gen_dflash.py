@@ -17,7 +17,7 @@ import dflash.model
 dflash.model._cuda_time = time.perf_counter  # the reference times with cuda.synchronize; this is a CPU run
 torch.set_num_threads(1)
 MAX_NEW = 40
-CASES = {"dflash": [6, 4, 8], "dflash-sliding": [6, 3], "dflash2": [6, 4]}
+CASES = {"dflash": [6, 4, 8], "dflash-sliding": [6, 3], "dflash2": [6, 4], "dflash-last": [6]}  # -last taps the last layer
 
 
 def first_block(model, target, prompt: list[int]) -> dict:

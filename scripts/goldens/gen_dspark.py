@@ -84,7 +84,8 @@ def main() -> None:
     mx.set_default_device(mx.cpu)
     model, drafter, config = load("dspark")
     payload = {"reference": "dspark-mlx 0.1.0 generate_eager", "max_new_tokens": MAX_NEW,
-               "digests": {"target-qwen3": fixture_digest("target-qwen3"), "dspark": fixture_digest("dspark")},
+               "digests": {"target-qwen3": fixture_digest("target-qwen3"), "dspark": fixture_digest("dspark"),
+                           "dspark-last": fixture_digest("dspark-last")},
                "blocks": [first_block(model, drafter, config, prompts()[0])], "cases": []}
     for prompt in prompts():
         payload["cases"].append({"drafter": "dspark", "threshold": 0.0,
@@ -96,6 +97,12 @@ def main() -> None:
     eos = ref[len(ref) // 2]
     payload["cases"].append({"drafter": "dspark", "threshold": 0.0, "eos": eos,
                              **run(model, drafter, config, prompts()[1], MAX_NEW, eos, 0.0)})
+    # a drafter tapping the target's last layer: the host hooks layer outputs (before the final norm)
+    model, drafter, config = load("dspark-last")
+    payload["blocks"].append({"drafter": "dspark-last", **first_block(model, drafter, config, prompts()[0])})
+    for prompt in prompts(9, seed=7):
+        payload["cases"].append({"drafter": "dspark-last", "threshold": 0.0,
+                                 **run(model, drafter, config, prompt, MAX_NEW, None, 0.0)})
     write("dspark.json", payload)
 
 

@@ -18,6 +18,14 @@ def _ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
 
 
+def _speculation_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--adaptive-speculation", action=argparse.BooleanOptionalAction, default=True,
+                   help="greedy requests verify the number of drafts that measures fastest on this machine "
+                   "(0 = plain decoding when drafting does not pay); output is the same either way")
+    p.add_argument("--num-speculative-tokens", type=int, help="at most this many drafts per step "
+                   "(default: the drafter's block)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="blockdraft", description="Lossless speculative decoding with block "
                                      "drafters (DFlash, DFlash2, DSpark).")
@@ -49,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--block-size", type=int, help="override the drafter's block size")
     g.add_argument("--confidence-threshold", type=float, default=0.0,
                    help="DSpark: cut the block at the first slot whose confidence is below this")
-    g.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 for the default model, "
-                   "float32 otherwise")
+    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="auto: bfloat16 (row-invariant, exactly lossless) for the default model, float32 otherwise")
+    _speculation_args(g)
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
 
@@ -68,12 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cache-budget", type=int, help="KV cache budget in bytes (default: room for max-batch "
                    "full-length sequences)")
     s.add_argument("--max-model-len", type=int)
-    s.add_argument("--adaptive-speculation", action=argparse.BooleanOptionalAction, default=True,
-                   help="skip drafting for greedy requests when it measures slower")
+    _speculation_args(s)
     s.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks: rank 0 serves and schedules, "
                    "the others follow its steps (adaptive speculation is off under TP)")
-    s.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 for the default model, "
-                   "float32 otherwise")
+    s.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="auto: bfloat16 (row-invariant, exactly lossless) for the default model, float32 otherwise")
     s.set_defaults(func=cmd_serve)
 
     c = sub.add_parser("convert", help="convert a GGUF (llama.cpp) file into a Hugging Face directory",
@@ -131,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--no-hf", action="store_true", help="skip the transformers generate baseline")
     b.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 for the default model")
+    b.add_argument("--batch-sizes", default="1", help="comma-separated batch sizes, e.g. 1,8 (HF runs batch 1)")
+    b.add_argument("--adaptive-speculation", action=argparse.BooleanOptionalAction, default=True,
+                   help="draft width from measured cost, as generate/serve run (--no-...: always the full block)")
     b.add_argument("--quick", action="store_true", help="smoke run: 2 prompts per set, 24 tokens, 1 repeat")
     b.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (worker processes)")
     b.add_argument("--out", default="bench-results", help="output directory for bench.json and bench.png")
@@ -179,10 +190,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for name in ("prompts", "max_new_tokens", "repeats"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    try:
+        batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
+    except ValueError:
+        raise ConfigError(f"--batch-sizes must be comma-separated integers, got {args.batch_sizes!r}") from None
+    if any(b < 1 for b in batch_sizes):
+        raise ConfigError(f"--batch-sizes must be >= 1, got {args.batch_sizes!r}")
     cfg = BenchConfig(sets=tuple(args.sets.split(",")), prompts_per_set=2 if args.quick else args.prompts,
                       max_new_tokens=24 if args.quick else args.max_new_tokens, temperatures=temps,
                       repeats=1 if args.quick else args.repeats, hf_baseline=not args.no_hf,
-                      dtype=args.dtype or ("bfloat16" if is_default_target(args.target) else "float32"))
+                      dtype=args.dtype or ("bfloat16" if is_default_target(args.target) else "float32"),
+                      batch_sizes=batch_sizes, adaptive=args.adaptive_speculation)
     from .bench.prompt_sets import SETS
 
     unknown = [s for s in cfg.sets if s not in SETS]
@@ -226,10 +244,21 @@ def _read_prompts(path: str) -> list[str]:
     p = Path(path)
     if not p.is_file():
         raise CheckpointError(f"missing file: {p}")
-    lines = [line for line in p.read_text().splitlines() if line.strip()]
-    if p.suffix == ".jsonl":
-        return [json.loads(line)["prompt"] for line in lines]
-    return lines
+    from .errors import RequestError
+
+    lines = [(i, line) for i, line in enumerate(p.read_text().splitlines(), 1) if line.strip()]
+    if p.suffix != ".jsonl":
+        return [line for _, line in lines]
+    out = []
+    for i, line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise RequestError(f"{p}:{i}: not a JSON object ({e.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise RequestError(f"{p}:{i}: needs a string field 'prompt', got {line[:80]!r}")
+        out.append(row["prompt"])
+    return out
 
 
 def _builtin_prompts(llm, spec: str) -> list[str]:
@@ -305,7 +334,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     drafter = args.drafter if args.drafter is not None else "default"
     kwargs = dict(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, max_batch=args.max_batch,
                   cache_budget_bytes=args.cache_budget, max_model_len=args.max_model_len,
-                  adaptive_speculation=args.adaptive_speculation)
+                  adaptive_speculation=args.adaptive_speculation, num_speculative_tokens=args.num_speculative_tokens)
     if args.tp != 1:
         import signal
 
@@ -339,14 +368,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return _generate_tp(args)
     drafter = args.drafter if args.drafter is not None else "default"
     llm = LLM(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, block_size=args.block_size,
-              confidence_threshold=args.confidence_threshold)
+              confidence_threshold=args.confidence_threshold, adaptive_speculation=args.adaptive_speculation,
+              num_speculative_tokens=args.num_speculative_tokens)
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
     prompt_ids = llm.encode(args.prompt, args.chat) if args.prompt is not None else args.prompt_ids
     if not args.json and llm.tokenizer is not None:
         return _stream_to_terminal(llm, prompt_ids, params)
     out = llm.generate(prompt_token_ids=[prompt_ids], sampling_params=params)[0]
-    _print_generation(args, out, out.text, None if llm.drafter is None else llm.drafter.config.kind, {})
+    _print_generation(args, out, out.text, None if llm.drafter is None else llm.drafter.config.kind,
+                      {"numerics": llm.numerics})
     return 0
 
 
@@ -360,7 +391,7 @@ def _print_generation(args, out, text: str, drafter: str | None, extra: dict) ->
     else:
         print(text)
         al = f", mean AL {out.mean_acceptance_length:.2f}" if out.acceptance_lengths else ""
-        where = "".join(f", {k} {v}" for k, v in extra.items())
+        where = "".join(f", {k} {v}" for k, v in extra.items() if not isinstance(v, dict))
         print(f"[{len(out.token_ids)} tokens{al}, {out.tokens_per_s:.1f} tok/s{where}]", file=sys.stderr)
 
 

@@ -86,6 +86,17 @@ class TargetConfig(DecoderDims):
                               f"num_key_value_heads={self.num_kv_heads}")
 
 
+TAP_POINTS = ("hidden_states", "layer_output")
+
+
+@dataclass(frozen=True)
+class Taps:
+    """What the target hands a drafter: these layers, read at this point, packed in this order."""
+
+    layers: tuple[int, ...]
+    point: str = "hidden_states"
+
+
 @dataclass(frozen=True)
 class DrafterConfig(DecoderDims):
     """One block drafter, whatever spelling it was published in (DESIGN.md §2-3)."""
@@ -120,6 +131,14 @@ class DrafterConfig(DecoderDims):
     own_embed_tokens: bool = False
     own_lm_head: bool = False
     num_draft_tokens: int = 0  # 0 = derived from shift_label
+    # which value of a tapped layer the drafter reads (DESIGN.md §2 "Tap point"): "hidden_states"
+    # (HF output_hidden_states: the last layer after the final norm) or "layer_output" (every
+    # layer's raw output, the last one before the final norm)
+    tap_point: str = "hidden_states"
+
+    @property
+    def taps(self) -> "Taps":
+        return Taps(self.target_layer_ids, self.tap_point)
 
 
     def __post_init__(self):
@@ -133,6 +152,8 @@ class DrafterConfig(DecoderDims):
             raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
         if not self.target_layer_ids:
             raise ConfigError("target_layer_ids is empty: the drafter needs at least one tap")
+        if self.tap_point not in TAP_POINTS:
+            raise ConfigError(f"tap_point {self.tap_point!r} is not supported (choose from {', '.join(TAP_POINTS)})")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ConfigError(f"mask_token_id={self.mask_token_id} is outside the vocabulary "
                               f"[0, {self.vocab_size})")

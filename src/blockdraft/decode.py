@@ -97,7 +97,7 @@ def generate_one(target: TargetModel, prompt_ids: list[int], params: SamplingPar
     check_request(target, prompt_ids, params)
     stop = stop or StopCriteria()
     generator = params.generator()
-    taps = drafter.config.target_layer_ids if drafter is not None else ()
+    taps = drafter.config.taps if drafter is not None else ()
     prompt_len = len(prompt_ids)
     max_length = prompt_len + params.max_tokens
     margin = drafter.config.block_size + 1 if drafter is not None else 1

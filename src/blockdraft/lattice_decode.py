@@ -86,7 +86,7 @@ class TorchLatticeBackend:
     @torch.inference_mode()
     def target_step(self, ids: list[int], start: int):
         self.cache.truncate(start)
-        out = self.target(torch.tensor([ids]), self.cache, self.drafter.config.target_layer_ids)
+        out = self.target(torch.tensor([ids]), self.cache, self.drafter.config.taps)
         return out.logits[0].float(), out.taps[0]
 
     def commit_target(self, length: int) -> None:
@@ -95,7 +95,8 @@ class TorchLatticeBackend:
     @torch.inference_mode()
     def draft(self, new_taps: torch.Tensor, new_start: int, block_ids: list[int]) -> Lattice:
         d = self.drafter
-        assert self.draft_cache.length == new_start, (self.draft_cache.length, new_start)
+        if self.draft_cache.length != new_start:
+            raise RuntimeError(f"drafter context holds {self.draft_cache.length} rows, new rows start at {new_start}")
         d.extend_context(new_taps[None], self.draft_cache)
         hidden = d.block_hidden_of(torch.tensor([block_ids]), self.draft_cache.context())
         return block_lattice(d, hidden, torch.tensor(block_ids[:1]), self.top_k)

@@ -3,8 +3,10 @@
 Owns the loaded models and the tokenizer; turns text into ids and ids back into
 text (cutting stop strings). Prompts run through the batch engine (`max_batch`
 at a time, paged cache sized for them unless `cache_budget_bytes` is given).
-`adaptive_speculation` is off here so acceptance lengths always reflect drafting;
-turn it on to let the engine skip drafting where it measures a loss.
+With `adaptive_speculation` (the default) greedy requests verify the number of drafts that
+measures fastest on this machine and batch size (`engine/policy.py`; 0 = a plain step), so
+acceptance lengths then include plain steps (AL 1); output is the same either way. Off, every
+step drafts the full width (capped by `num_speculative_tokens`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .default_model import NAME
 from .engine.engine import EngineConfig, LLMEngine
 from .errors import ConfigError, RequestError
 from .loading import load_drafter, load_target
+from .numerics import describe, resolve_dtype
 from .sampling.params import SamplingParams
 from .tokenizer import Tokenizer
 
@@ -52,12 +55,27 @@ def resolve_drafter_dir(target: str | Path | None, drafter: str | Path | None) -
     return Path(drafter)
 
 
+def default_cache_budget(target, drafter, max_len: int, max_batch: int, block: int = 16) -> int:
+    """Room for `max_batch` sequences of `max_len` tokens (+ lookahead), target and drafter KV."""
+    bytes_per_token = KVGeometry.of(target.config, target).bytes_per_token
+    lookahead = 0
+    if drafter is not None:
+        bytes_per_token += KVGeometry.of(drafter.config, drafter).bytes_per_token
+        lookahead = drafter.config.num_draft_tokens
+    tokens = (max_batch + 1) * (-(-(max_len + lookahead + 1) // block) + 1) * block
+    ring = 0
+    if drafter is not None and drafter.config.sliding_window:
+        ring = max_batch * (drafter.config.sliding_window + drafter.config.block_size)
+    return (tokens + ring) * bytes_per_token
+
+
 class LLM:
     def __init__(self, target: str | Path | None = None, drafter: str | Path | None = "default",
                  mode: str | None = None, dtype: str | None = None, max_batch: int = 8,
                  block_size: int | None = None, confidence_threshold: float = 0.0,
                  cache_budget_bytes: int | None = None, max_model_len: int | None = None,
-                 prefix_caching: bool = True, adaptive_speculation: bool = False, tp=None):
+                 prefix_caching: bool = True, adaptive_speculation: bool = True,
+                 num_speculative_tokens: int | None = None, tp=None):
         """`tp`: this process's TPGroup when it is one rank of a tensor-parallel group; the models
         are sharded and, on rank 0, `engine` mirrors every command to the other ranks."""
         if drafter == "default":
@@ -67,13 +85,15 @@ class LLM:
         if not 0.0 <= confidence_threshold < 1.0:
             raise ConfigError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
         drafter_dir = resolve_drafter_dir(target, drafter)
-        if is_default_target(target):   # SmolLM2-135M-Instruct, bf16 (faster than fp32 at batch 1 here)
+        dtype = resolve_dtype(dtype, default_model=is_default_target(target))
+        if is_default_target(target):   # SmolLM2-135M-Instruct
             from .default_model import smollm2_dir
 
-            target_dir, dtype = smollm2_dir(), dtype or "bfloat16"
+            target_dir = smollm2_dir()
         else:
             target_dir = Path(target)
-        self.target = load_target(target_dir, dtype or "float32")
+        self.target = load_target(target_dir, dtype)
+        self.numerics = describe(dtype)
         self.drafter_dir = drafter_dir
         self.drafter = load_drafter(drafter_dir, self.target, mode=mode, block_size=block_size) \
             if drafter_dir is not None else None
@@ -86,29 +106,17 @@ class LLM:
             shard_models(self.target, [self.drafter] if self.drafter is not None else [], tp)
             adaptive_speculation = False          # timing-based decisions would differ between ranks
         max_len = max_model_len or min(self.target.config.max_position_embeddings, 4096)
-        budget = cache_budget_bytes or self._default_budget(max_len, max_batch)
+        budget = cache_budget_bytes or default_cache_budget(self.target, self.drafter, max_len, max_batch)
         self.engine = LLMEngine(self.target, self.drafter, EngineConfig(
             max_batch=max_batch, cache_budget_bytes=budget, max_model_len=max_len,
             prefix_caching=prefix_caching, confidence_threshold=confidence_threshold,
-            adaptive_speculation=adaptive_speculation), self._eos_ids(),
+            adaptive_speculation=adaptive_speculation, num_speculative_tokens=num_speculative_tokens),
+            self._eos_ids(),
             self.tokenizer.decode if self.tokenizer is not None else None)
         if tp is not None and tp.world > 1 and tp.rank == 0:
             from .parallel.mirror import MirroredEngine
 
             self.engine = MirroredEngine(self.engine, tp)
-
-    def _default_budget(self, max_len: int, max_batch: int, block: int = 16) -> int:
-        """Room for `max_batch` sequences of `max_len` tokens (+ lookahead), target and drafter KV."""
-        bytes_per_token = KVGeometry.of(self.target.config, self.target).bytes_per_token
-        lookahead = 0
-        if self.drafter is not None:
-            bytes_per_token += KVGeometry.of(self.drafter.config, self.drafter).bytes_per_token
-            lookahead = self.drafter.config.num_draft_tokens
-        tokens = (max_batch + 1) * (-(-(max_len + lookahead + 1) // block) + 1) * block
-        ring = 0
-        if self.drafter is not None and self.drafter.config.sliding_window:
-            ring = max_batch * (self.drafter.config.sliding_window + self.drafter.config.block_size)
-        return (tokens + ring) * bytes_per_token
 
     def _eos_ids(self) -> frozenset[int]:
         ids = set(self.target.config.eos_token_ids)

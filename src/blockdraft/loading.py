@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .checkpoints.resolve import canonical_tensor_names, resolve_drafter, resolve_target
-from .checkpoints.weights import assign_weights, load_state_dict, read_json, strip_prefix
+from .checkpoints.weights import assign_weights, load_state_dict, read_json, strip_prefix, tensor_names
 from .config import DrafterConfig, TargetConfig
 from .errors import CheckpointError, ConfigError
 from .models.drafter import BlockDrafter
@@ -82,6 +82,20 @@ def check_drafter_fits(cfg: DrafterConfig, target: TargetConfig, shapes: dict[st
         raise ConfigError(f"mask_token_id={cfg.mask_token_id} outside the target vocabulary [0, {target.vocab_size})")
 
 
+def refuse_embedded_drafter(drafter_dir: Path, target_dir: Path | None) -> None:
+    """A DSpark draft embedded in its target checkpoint (DeepSeek-V4's `mtp.*` namespace, TensorRT-LLM's
+    deployment-form probe) is not a standalone drafter: name it, never load it as one."""
+    same = target_dir is not None and Path(target_dir).resolve() == drafter_dir.resolve()
+    embedded = [n for n in tensor_names(drafter_dir) if n.startswith(("mtp.", "model.mtp."))]
+    if embedded:
+        raise ConfigError(f"{drafter_dir} carries an embedded DSpark drafter ({len(embedded)} tensors under mtp.*, "
+                          f"e.g. {embedded[0]}): that is DeepSeek-V4's in-checkpoint form, and blockdraft has no "
+                          "DeepSeek-V4 target; pass a standalone drafter directory (DFlash / DFlash2 / DSpark)")
+    if same:
+        raise ConfigError(f"--drafter {drafter_dir} is the target itself and declares no embedded draft "
+                          "weights (mtp.*); pass a standalone drafter directory or --drafter none")
+
+
 def load_drafter(drafter_dir: str | Path, target: TargetModel, mode: str | None = None,
                  dtype: str | torch.dtype | None = None, block_size: int | None = None) -> BlockDrafter:
     """A z-lab DFlash / DFlash2 or DeepSeek DSpark directory -> BlockDrafter bound to `target`.
@@ -90,6 +104,7 @@ def load_drafter(drafter_dir: str | Path, target: TargetModel, mode: str | None 
     """
     drafter_dir = Path(drafter_dir)
     raw = read_json(drafter_dir / "config.json")
+    refuse_embedded_drafter(drafter_dir, getattr(target, "source_dir", None))
     runtime_path = drafter_dir / "genai_config.json"
     runtime = read_json(runtime_path) if runtime_path.is_file() else None
     tensors = canonical_tensor_names(strip_prefix(load_state_dict(drafter_dir), "model.", "drafter"))

@@ -45,11 +45,22 @@ def test_quick_bench_writes_consistent_report(tmp_path, capsys):
                 assert modes["hf"]["greedy_matches_ar"] == 2         # the outside baseline agrees too
 
 
+def test_bench_times_the_engine_at_several_batch_sizes(tmp_path):
+    assert main(["bench", *TINY, "--drafters", DRAFTERS, "--sets", "chat", "--quick", "--no-hf", "--temperatures", "0",
+                 "--batch-sizes", "1,2", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert set(report["results"]["chat"]) == {"T=0,batch=1", "T=0,batch=2"}
+    for key, modes in report["results"]["chat"].items():
+        assert modes["dspark"]["greedy_matches_ar"] == modes["dflash"]["greedy_matches_ar"] == 2, key
+        assert modes["ar"]["tokens"] == modes["dspark"]["tokens"]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--sets", "chat,poetry"], "unknown set(s) ['poetry']"),
     (["--temperatures", "0,-1"], "--temperatures must be >= 0"),
     (["--repeats", "0"], "--repeats must be >= 1"),
     (["--sets", "humaneval", "--quick"], "exceeds max_position_embeddings=512"),
+    (["--batch-sizes", "1,0"], "--batch-sizes must be >= 1"),
 ])
 def test_bad_bench_flags_fail_before_work(tmp_path, capsys, args, message):
     assert main(["bench", *TINY, "--drafters", DRAFTERS, "--no-hf", "--out", str(tmp_path), *args]) == 2

@@ -1,29 +1,77 @@
-"""The adaptive speculation policy: measured costs decide, greedy output never changes."""
+"""Draft width from measured cost: the width that commits the most tokens per second wins."""
 
-from blockdraft.engine.policy import SpeculationPolicy
+import pytest
 
-
-def test_explores_both_modes_then_picks_the_cheaper_per_token():
-    policy = SpeculationPolicy(explore_every=1000)
-    assert policy.should_draft(8)                        # nothing measured: draft
-    policy.record(True, 8, seconds=3.0, tokens_per_seq=2.0)
-    assert not policy.should_draft(8)                    # measure the plain step once
-    policy.record(False, 8, seconds=1.0, tokens_per_seq=1.0)
-    assert not policy.should_draft(8)                    # 2 tokens / 3 s < 1 token / 1 s
-    policy.record(True, 8, seconds=1.2, tokens_per_seq=4.0)
-    policy.cost[(True, 8)] = 1.2
-    assert policy.should_draft(8)                        # now drafting pays
-    assert policy.should_draft(16)                       # other batch sizes are measured separately
-    assert policy.should_draft(7)                        # 5..8 share the batch-8 estimate (drafting pays)
+from blockdraft.engine.engine import EngineConfig, LLMEngine
+from blockdraft.engine.policy import DraftWidthPolicy
+from blockdraft.sampling.params import SamplingParams
+from conftest import random_prompts
 
 
-def test_periodic_exploration_and_off_switch():
-    policy = SpeculationPolicy(explore_every=4)
-    policy.record(True, 2, 3.0, 1.0)
-    policy.record(False, 2, 1.0, 1.0)
-    choices = [policy.should_draft(2) for _ in range(8)]
-    assert choices.count(True) == 2                      # steps 4 and 8 re-explore drafting
-    off = SpeculationPolicy(enabled=False)
-    off.record(True, 2, 100.0, 1.0)
-    off.record(False, 2, 1.0, 1.0)
-    assert off.should_draft(2)
+def _measure(policy, batch, cost_of, accepted_of):
+    """Run the policy's exploration to the end with a synthetic machine and drafter."""
+    for _ in range(len(policy.widths)):
+        w = policy.choose(batch)
+        policy.record(batch, w, cost_of(w), [w] * batch, [accepted_of(w)] * batch)
+
+
+def test_tries_every_width_widest_first():
+    policy = DraftWidthPolicy(8, explore_every=1000)
+    assert policy.widths == [0, 1, 2, 4, 8]
+    seen = []
+    for _ in range(5):
+        seen.append(policy.choose(1))
+        policy.record(1, seen[-1], 1.0, [seen[-1]], [0])
+    assert seen == [8, 4, 2, 1, 0]
+
+
+def test_dear_verify_and_weak_drafts_decode_plainly():
+    policy = DraftWidthPolicy(8, explore_every=1000)
+    _measure(policy, 1, cost_of=lambda w: 1.0 + 0.5 * w, accepted_of=lambda w: min(w, 1) if w else 0)
+    policy.trials[1:], policy.hits[1:] = [100] * 8, [30] + [0] * 7       # 30% first-slot acceptance
+    assert policy.choose(1) == 0
+
+
+def test_cheap_verify_and_strong_drafts_go_wide():
+    policy = DraftWidthPolicy(8, explore_every=1000)
+    _measure(policy, 1, cost_of=lambda w: 1.0 + (0.3 if w else 0.0), accepted_of=lambda w: w)
+    assert policy.choose(1) == 8
+    # a middle ground: verify rows cost, acceptance decays -> an interior width
+    mid = DraftWidthPolicy(8, explore_every=1000)
+    _measure(mid, 1, cost_of=lambda w: 1.0 + 0.2 * w, accepted_of=lambda w: 0)
+    mid.trials[1:], mid.hits[1:] = [1000] * 8, [900, 700, 400, 200, 100, 50, 20, 10]
+    rates = {w: mid.expected_tokens(w) / mid.cost[(1, w)] for w in mid.widths}
+    assert mid.choose(1) == max(rates, key=rates.get) not in (0, 8)
+
+
+def test_batch_buckets_exploration_and_off_switch():
+    policy = DraftWidthPolicy(4, explore_every=4)
+    _measure(policy, 8, cost_of=lambda w: 1.0 + w, accepted_of=lambda w: 0)
+    assert policy.choose(16) == 4                           # another bucket: unexplored, widest first
+    assert policy.bucket(5) == policy.bucket(8) == 8
+    picks = [policy.choose(8) for _ in range(8)]
+    assert picks.count(0) == 6 and len(set(picks)) == 3    # best (0) except two exploratory steps
+    off = DraftWidthPolicy(4, enabled=False)
+    off.record(1, 4, 100.0, [4], [0])
+    assert off.widths == [4] and all(off.choose(1) == 4 for _ in range(5))
+    with pytest.raises(Exception, match="num_speculative_tokens must be >= 0"):
+        EngineConfig(num_speculative_tokens=-1)
+
+
+def test_policy_never_changes_greedy_or_seeded_output(target, drafters):
+    """Greedy rows follow the width policy, sampled rows draft full width: outputs equal a
+    fixed-width engine's, and the cap is honoured."""
+    prompts = random_prompts(6, seed=3)
+    params = [SamplingParams(max_tokens=24)] * 3 + [SamplingParams(max_tokens=24, temperature=0.8, seed=i)
+                                                     for i in range(3)]
+    cfg = dict(max_batch=6, cache_budget_bytes=2_000_000, block_size=8, max_model_len=72)
+    fixed = LLMEngine(target, drafters["dspark"], EngineConfig(**cfg, adaptive_speculation=False))
+    adaptive = LLMEngine(target, drafters["dspark"], EngineConfig(**cfg))
+    adaptive.policy.explore_every = 2                       # exercise many widths within 24 tokens
+    ref, got = fixed.generate(prompts, params), adaptive.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert len({w for (_, w) in adaptive.policy.cost}) > 2
+    capped = LLMEngine(target, drafters["dspark"], EngineConfig(**cfg, num_speculative_tokens=2))
+    outs = capped.generate(prompts, params)
+    assert [o.token_ids for o in outs[:3]] == [o.token_ids for o in ref[:3]]
+    assert max(a for o in outs for a in o.acceptance_lengths) <= 3 and capped.policy.widths == [0, 1, 2]

@@ -10,7 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from blockdraft.cli import main
 from conftest import ASSETS
 
-TINY_DSPARK = ["--target", str(ASSETS / "target-qwen3"), "--drafter", str(ASSETS / "dspark")]
+TINY_DSPARK = ["--target", str(ASSETS / "target-qwen3"), "--drafter", str(ASSETS / "dspark"),
+               "--no-adaptive-speculation"]        # the harness server drafts every step too
 from server_harness import API_KEY, server  # noqa: F401  (fixture)
 
 

@@ -1,9 +1,11 @@
-"""The benchmark: per prompt set and temperature, AR vs each drafter vs HF `generate`, batch 1.
+"""The benchmark: per prompt set, temperature and batch size, AR vs each drafter vs HF `generate`.
 
-Modes run side by side for each prompt (AR, drafters, HF, in that order), so machine noise
-hits them alike; each repeat gives a tokens/s per mode (generated tokens / wall time,
-prefill included, as HF's is) and a speedup vs AR in the same repeat; the report keeps the
-medians. Acceptance statistics come from the first repeat (seeded, so repeats agree).
+Every blockdraft mode runs through the batch engine — the path `serve` and `generate` run —
+with the draft width chosen by measured cost unless `adaptive` is off. Modes run side by side
+for each group of `batch` prompts (AR, drafters, HF, in that order), so machine noise hits them
+alike; each repeat gives a tokens/s per mode (generated tokens / wall time, prefill included,
+as HF's is) and a speedup vs AR in the same repeat; the report keeps the medians. Acceptance
+statistics come from the first repeat (seeded, so repeats agree). HF runs batch 1 only.
 """
 
 from __future__ import annotations
@@ -15,11 +17,10 @@ from pathlib import Path
 
 import torch
 
-from ..decode import generate_one
+from ..engine.engine import EngineConfig, LLMEngine
 from ..errors import ConfigError
 from ..loading import load_drafter, load_target
 from ..sampling.params import SamplingParams
-from ..sampling.stops import StopCriteria
 from ..tokenizer import Tokenizer
 from .prompt_sets import SETS, load_set
 
@@ -34,6 +35,8 @@ class BenchConfig:
     hf_baseline: bool = True
     dtype: str = "bfloat16"
     seed: int = 0
+    batch_sizes: tuple[int, ...] = (1,)
+    adaptive: bool = True              # draft width from measured cost (what serve/generate run)
 
 
 @dataclass
@@ -98,7 +101,6 @@ def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig,
         progress = progress and tp.rank == 0
     tok = Tokenizer(target_dir)
     eos = sorted(set(target.config.eos_token_ids) | ({tok.eos_token_id} if tok.eos_token_id is not None else set()))
-    stop = StopCriteria(eos_ids=frozenset(eos))
     hf = HFBaseline(target_dir, target.dtype, eos) if cfg.hf_baseline and (tp is None or tp.rank == 0) else None
     modes = ["ar", *drafters] + (["hf"] if cfg.hf_baseline else [])
     prompts = {s: [tok.encode_chat([{"role": "user", "content": p}]) for p in load_set(s, cfg.prompts_per_set)]
@@ -109,51 +111,71 @@ def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig,
             if len(p) + cfg.max_new_tokens > limit:
                 raise ConfigError(f"set {set_name!r} prompt {i}: {len(p)} tokens + max_new_tokens "
                                   f"{cfg.max_new_tokens} exceeds max_position_embeddings={limit}")
+    if any(b < 1 for b in cfg.batch_sizes):
+        raise ConfigError(f"batch sizes must be >= 1, got {list(cfg.batch_sizes)}")
+    longest = max(len(p) for ps in prompts.values() for p in ps) + cfg.max_new_tokens + 1
+    adaptive = cfg.adaptive and (tp is None or tp.world == 1)      # timings differ between ranks
+    engines = {m: _engine(target, drafters.get(m), max(cfg.batch_sizes), longest, adaptive, eos)
+               for m in modes if m != "hf"}
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=cfg.repeats * len(cfg.temperatures) * sum(map(len, prompts.values())) * len(modes),
-                   desc="bench", unit="gen")
+        groups = sum(-(-len(ps) // b) for ps in prompts.values() for b in cfg.batch_sizes)
+        bar = tqdm(total=cfg.repeats * len(cfg.temperatures) * groups * len(modes), desc="bench", unit="run")
     results: dict = {}
-    for set_name, set_prompts in prompts.items():
-        for temp in cfg.temperatures:
-            stats = {m: ModeStats() for m in modes}
-            for rep in range(cfg.repeats):
-                seconds = dict.fromkeys(modes, 0.0)
-                counts = dict.fromkeys(modes, 0)
-                for i, prompt in enumerate(set_prompts):
-                    params = SamplingParams(max_tokens=cfg.max_new_tokens, temperature=temp,
-                                            seed=cfg.seed + i if temp > 0 else None)
-                    ar_tokens = None
-                    for mode in modes:
-                        t0 = time.perf_counter()
-                        if mode == "hf":
-                            tokens, lengths = (hf.generate(prompt, params) if hf else []), []
-                        else:
-                            g = generate_one(target, prompt, params, drafters.get(mode), stop)
-                            tokens, lengths = g.token_ids, g.acceptance_lengths
-                        seconds[mode] += time.perf_counter() - t0
-                        counts[mode] += len(tokens)
-                        if mode == "ar":
-                            ar_tokens = tokens
-                        if rep == 0:
-                            stats[mode].acceptance_lengths += lengths
-                            stats[mode].tokens += len(tokens)
-                            stats[mode].greedy_matches_ar += int(temp == 0 and tokens == ar_tokens)
-                        if bar:
-                            bar.update(1)
-                tps = {m: counts[m] / seconds[m] if seconds[m] else 0.0 for m in modes}
-                for m in modes:
-                    stats[m].tokens_per_s.append(tps[m])
-                    stats[m].speedup_vs_ar.append(tps[m] / tps["ar"] if tps["ar"] else 0.0)
-            results.setdefault(set_name, {})[f"T={temp:g}"] = {
-                m: stats[m].summary(drafters[m].config.num_draft_tokens + 1 if m in drafters else None)
-                for m in modes}
+    for batch in cfg.batch_sizes:
+        for set_name, set_prompts in prompts.items():
+            for temp in cfg.temperatures:
+                run_modes = [m for m in modes if m != "hf" or batch == 1]
+                stats = {m: ModeStats() for m in run_modes}
+                for rep in range(cfg.repeats):
+                    seconds, counts = dict.fromkeys(run_modes, 0.0), dict.fromkeys(run_modes, 0)
+                    for lo in range(0, len(set_prompts), batch):
+                        group = set_prompts[lo:lo + batch]
+                        params = [SamplingParams(max_tokens=cfg.max_new_tokens, temperature=temp,
+                                                 seed=cfg.seed + lo + i if temp > 0 else None)
+                                  for i in range(len(group))]
+                        ar_tokens = None
+                        for mode in run_modes:
+                            t0 = time.perf_counter()
+                            if mode == "hf":
+                                outs = [(hf.generate(group[0], params[0]) if hf else [], [])]
+                            else:
+                                outs = [(o.token_ids, o.acceptance_lengths)
+                                        for o in engines[mode].generate(group, params)]
+                            seconds[mode] += time.perf_counter() - t0
+                            counts[mode] += sum(len(t) for t, _ in outs)
+                            if mode == "ar":
+                                ar_tokens = [t for t, _ in outs]
+                            if rep == 0:
+                                for (tokens, lengths), ref in zip(outs, ar_tokens):
+                                    stats[mode].acceptance_lengths += lengths
+                                    stats[mode].tokens += len(tokens)
+                                    stats[mode].greedy_matches_ar += int(temp == 0 and tokens == ref)
+                            if bar:
+                                bar.update(1)
+                    tps = {m: counts[m] / seconds[m] if seconds[m] else 0.0 for m in run_modes}
+                    for m in run_modes:
+                        stats[m].tokens_per_s.append(tps[m])
+                        stats[m].speedup_vs_ar.append(tps[m] / tps["ar"] if tps["ar"] else 0.0)
+                key = f"T={temp:g}" if cfg.batch_sizes == (1,) else f"T={temp:g},batch={batch}"
+                results.setdefault(set_name, {})[key] = {
+                    m: stats[m].summary(drafters[m].config.num_draft_tokens + 1 if m in drafters else None)
+                    for m in run_modes}
     if bar:
         bar.close()
     return {"config": asdict(cfg), "target": str(target_dir), "drafters": {k: str(v) for k, v in drafter_dirs.items()},
             "torch_threads": torch.get_num_threads(), "tp": 1 if tp is None else tp.world, "results": results}
+
+
+def _engine(target, drafter, max_batch: int, max_len: int, adaptive: bool, eos: list[int]) -> LLMEngine:
+    from ..llm import default_cache_budget
+
+    max_len = -(-max_len // 16) * 16
+    return LLMEngine(target, drafter, EngineConfig(
+        max_batch=max_batch, max_model_len=max_len, adaptive_speculation=adaptive,
+        cache_budget_bytes=default_cache_budget(target, drafter, max_len, max_batch)), frozenset(eos))
 
 
 def bench_task(tp, payload) -> dict:
@@ -170,7 +192,7 @@ def table(report: dict) -> str:
             n = report["config"]["prompts_per_set"]
             for mode, s in modes.items():
                 al = f"{s['mean_al']:.2f}" if s.get("mean_al") else "–"
-                same = f"{s['greedy_matches_ar']}/{n}" if temp == "T=0" and mode != "ar" else "–"
+                same = f"{s['greedy_matches_ar']}/{n}" if temp.startswith("T=0") and mode != "ar" else "–"
                 rows.append(f"| {set_name} | {temp[2:]} | {mode} | {s['tokens_per_s']:.1f} | "
                             f"{s['speedup_vs_ar']:.2f}× | {al} | {same} |")
     return "\n".join(rows)
@@ -197,7 +219,7 @@ def plot(report: dict, path: Path) -> None:
     ax1.legend()
     for mode in drafters:
         for s, t in keys:
-            if t != "T=0":
+            if not t.startswith("T=0"):
                 continue
             curve = results[s][t][mode]["per_position_acceptance"]
             ax2.plot(range(1, len(curve) + 1), curve, marker="o", label=f"{mode} {s}")

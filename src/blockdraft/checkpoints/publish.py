@@ -26,6 +26,7 @@ def new_drafter(target: TargetModel, kind: str, num_layers: int, block_size: int
                 seed: int = 0, **extra) -> BlockDrafter:
     t = target.config
     dspark = kind == "dspark"
+    extra.setdefault("tap_point", "layer_output" if dspark else "hidden_states")
     cfg = DrafterConfig(kind=kind, vocab_size=t.vocab_size, hidden_size=t.hidden_size,
                         intermediate_size=t.intermediate_size, num_layers=num_layers, num_heads=t.num_heads,
                         num_kv_heads=t.num_kv_heads, head_dim=t.head_dim, target_layer_ids=tuple(target_layer_ids),
@@ -56,7 +57,8 @@ def published_config(cfg: DrafterConfig, target: TargetModel) -> dict:
            "max_position_embeddings": target.config.max_position_embeddings, "hidden_act": "silu",
            "attention_bias": cfg.attention_bias, "tie_word_embeddings": False,
            "num_target_layers": target.config.num_layers, "block_size": cfg.block_size,
-           "layer_types": list(cfg.layer_types), "torch_dtype": "bfloat16"}
+           "layer_types": list(cfg.layer_types), "torch_dtype": "bfloat16",
+           "tap_point": cfg.tap_point}  # the value of each tapped layer it was trained on
     if cfg.sliding_window is not None:
         out.update(sliding_window=cfg.sliding_window, use_sliding_window=cfg.use_sliding_window)
     if cfg.kind == "dspark":  # DeepSeek DeepSpec: top-level keys

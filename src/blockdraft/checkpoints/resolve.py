@@ -20,6 +20,7 @@ _MISSING = object()
 
 # field -> where it may be spelled: ("nested", key) looks in dflash_config then dspark_config.
 DRAFTER_SPELLINGS: dict[str, list[str]] = {
+    "tap_point": ["dflash_config.tap_point", "dspark_config.tap_point", "tap_point", "dspark_tap_point"],
     "target_layer_ids": ["dflash_config.target_layer_ids", "dspark_config.target_layer_ids",
                          "target_layer_ids", "dspark_target_layer_ids"],
     "mask_token_id": ["dflash_config.mask_token_id", "dspark_config.mask_token_id", "mask_token_id",
@@ -247,6 +248,7 @@ def resolve_drafter(cfg: dict, tensor_shapes: dict[str, tuple[int, ...]], mode: 
         selector_rank=int(field("selector_rank", 0)),
         own_embed_tokens="embed_tokens.weight" in tensor_shapes,
         own_lm_head="lm_head.weight" in tensor_shapes,
+        tap_point=str(field("tap_point", "layer_output" if kind == "dspark" else "hidden_states")),
     )
 
 

@@ -29,9 +29,18 @@ def read_json(path: Path) -> dict:
         raise CheckpointError(f"{path} is not valid JSON: {e}") from None
 
 
-def load_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a HF directory: `model.safetensors`, a sharded index, or any `*.safetensors`."""
-    model_dir = Path(model_dir)
+def tensor_names(model_dir: Path) -> list[str]:
+    """Tensor names of a HF directory without reading the tensors (index or file headers)."""
+    from safetensors import safe_open
+
+    names: list[str] = []
+    for f in _safetensor_files(Path(model_dir)):
+        with safe_open(str(f), "pt") as handle:
+            names += list(handle.keys())
+    return names
+
+
+def _safetensor_files(model_dir: Path) -> list[Path]:
     if not model_dir.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {model_dir}")
     index = model_dir / "model.safetensors.index.json"
@@ -42,10 +51,16 @@ def load_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
         files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"no *.safetensors in {model_dir}")
-    tensors: dict[str, torch.Tensor] = {}
     for f in files:
         if not f.is_file():
             raise CheckpointError(f"missing shard listed in {index}: {f}")
+    return files
+
+
+def load_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a HF directory: `model.safetensors`, a sharded index, or any `*.safetensors`."""
+    tensors: dict[str, torch.Tensor] = {}
+    for f in _safetensor_files(Path(model_dir)):
         tensors.update(load_file(str(f)))
     return tensors
 

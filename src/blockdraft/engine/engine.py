@@ -26,7 +26,7 @@ from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
 from ..sampling.params import SamplingParams
 from ..sampling.stops import StopCriteria
-from .policy import SpeculationPolicy
+from .policy import DraftWidthPolicy
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
@@ -42,11 +42,14 @@ class EngineConfig:
     prefix_caching: bool = True
     confidence_threshold: float = 0.0
     max_model_len: int | None = None       # default: the target's max_position_embeddings
-    adaptive_speculation: bool = True      # skip drafting (greedy only) when measured cost says it loses
+    adaptive_speculation: bool = True      # greedy draft width from measured cost (policy.py); off = full width
+    num_speculative_tokens: int | None = None  # cap on drafts per step (default: the drafter's block)
 
     def __post_init__(self):
         if self.max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.num_speculative_tokens is not None and self.num_speculative_tokens < 0:
+            raise ConfigError(f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
         if self.prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
 
@@ -75,6 +78,8 @@ class LLMEngine:
         tc = target.config
         self.max_model_len = self.config.max_model_len or tc.max_position_embeddings
         self.lookahead = drafter.config.num_draft_tokens if drafter is not None else 0
+        if self.config.num_speculative_tokens is not None:
+            self.lookahead = min(self.lookahead, self.config.num_speculative_tokens)
         target_geo = KVGeometry.of(tc, target)
         full_layers, ring_layers, full_geo, ring_geo, window = [], [], None, None, None
         prefix_caching = self.config.prefix_caching
@@ -107,7 +112,7 @@ class LLMEngine:
                                   ring)
         self.scheduler = Scheduler(self.blocks, self.config.max_batch, self.lookahead, self.config.prefill_chunk,
                                    ring)
-        self.policy = SpeculationPolicy(self.config.adaptive_speculation and drafter is not None)
+        self.policy = DraftWidthPolicy(self.lookahead, self.config.adaptive_speculation)
         self.seqs: dict[str, Sequence] = {}
         self.stats = EngineStats(blocks_total=n, blocks_free=n)
         self._ids = itertools.count()
@@ -134,9 +139,18 @@ class LLMEngine:
         return rid
 
     def abort(self, request_id: str) -> None:
-        seq = self.seqs.get(request_id)
+        seq = self.seqs.pop(request_id, None)
         if seq is not None and not seq.is_finished:
             self._finish(seq, "abort")
+
+    def abort_all(self, reason: str = "error") -> list[str]:
+        """End every unfinished request (after a failed step: the engine is consistent again, every
+        block is back in the pool); returns their ids."""
+        victims = list(self.scheduler.running) + list(self.scheduler.waiting)
+        for seq in victims:
+            self._finish(seq, reason)
+            self.seqs.pop(seq.request_id, None)
+        return [s.request_id for s in victims]
 
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
@@ -158,13 +172,14 @@ class LLMEngine:
                     self._commit(seq, [first], step=None)
                     touched.append(seq)
         if decode:
-            drafting = self.policy.should_draft(len(decode))
-            n_drafts = [self.scheduler.drafts_for(s) if drafting or not s.params.greedy else 0 for s in decode]
+            width = self.policy.choose(len(decode))
+            n_drafts = [min(width, self.scheduler.drafts_for(s)) if s.params.greedy else self.scheduler.drafts_for(s)
+                        for s in decode]
             t_decode = time.perf_counter()
             results = self.runner.decode(decode, n_drafts)
             produced = [self._commit(seq, r.new_tokens, r) for seq, r in zip(decode, results)]
-            self.policy.record(drafting, len(decode), time.perf_counter() - t_decode,
-                               sum(len(r.new_tokens) for r in results) / len(results))
+            self.policy.record(len(decode), width, time.perf_counter() - t_decode,
+                               [r.drafted for r in results], [r.accepted for r in results])
             self.runner.stash_context(decode, [0 if s.is_finished else p for s, p in zip(decode, produced)])
             for seq in decode:
                 if not seq.is_finished:
@@ -176,7 +191,11 @@ class LLMEngine:
         self.stats.steps += 1
         self.stats.busy_s += time.perf_counter() - t0
         self._refresh_gauges()
-        return [self._output(s) for s in touched]
+        outputs = [self._output(s) for s in touched]
+        for seq in touched:                  # a finished request's last output says everything: forget it
+            if seq.is_finished:
+                self.seqs.pop(seq.request_id, None)
+        return outputs
 
     def _commit(self, seq: Sequence, new: list[int], step) -> int:
         """Append committed tokens, cut by budget and stops; returns how many were kept."""
@@ -240,9 +259,7 @@ class LLMEngine:
                  ) -> list[RequestOutput]:
         plist = params if isinstance(params, list) else [params] * len(prompts)
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
-        while any(not self.seqs[r].is_finished for r in ids):
-            self.step()
-        outs = [self._output(self.seqs[r]) for r in ids]
-        for r in ids:
-            del self.seqs[r]
-        return outs
+        done: dict[str, RequestOutput] = {}
+        while len(done) < len(ids):
+            done.update((o.request_id, o) for o in self.step() if o.finished)
+        return [done[r] for r in ids]

@@ -1,11 +1,18 @@
-"""When drafting stops paying: decide per step from measured costs at the current batch size.
+"""How many drafts to verify this step: the width that maximises committed tokens per second.
 
-A drafting step commits `mean_al` tokens per sequence and costs `c_spec`; a plain
-step commits 1 and costs `c_ar`. Draft while `mean_al * c_ar >= c_spec`. Costs are
-measured online (EMA per batch size); each mode is tried first and re-explored now
-and then. Only greedy sequences ever skip drafting: their output is identical
-either way, while seeded sampled runs must consume randomness the same way
-whatever the batch, so they always draft.
+With k drafts a sequence commits `E(k) = 1 + sum_{i<=k} P(the first i drafts are accepted)`
+tokens per step; the step costs `cost(batch, k)` (drafter pass + verify of k+1 rows per
+sequence; k = 0 is a plain decoding step). Both are measured online: P from running
+per-position acceptance (drafts are prefix-consistent — slot i does not depend on how many
+slots are verified — so a step with k drafts also informs every narrower width), cost as an
+EMA of measured step time per power-of-two batch bucket and width. Each candidate width is
+tried first, then the best is used with one exploratory step in `explore_every`, so a
+machine whose verify is cheap (AMX) drafts wide and one whose verify is dear (emulated bf16)
+drafts narrow or not at all.
+
+Only greedy sequences follow the policy: their output is the same at any width. Sampled
+sequences always draft the full (capped) width, so a seeded run consumes randomness the same
+way whatever the timing or the batch.
 """
 
 from __future__ import annotations
@@ -13,37 +20,47 @@ from __future__ import annotations
 from collections import defaultdict
 
 
-class SpeculationPolicy:
-    def __init__(self, enabled: bool = True, explore_every: int = 32, smoothing: float = 0.2):
-        self.enabled, self.explore_every, self.smoothing = enabled, explore_every, smoothing
-        self.cost: dict[tuple[bool, int], float] = {}        # (drafting, batch) -> seconds per step
-        self.mean_al: float | None = None                    # tokens per sequence per drafting step
+class DraftWidthPolicy:
+    def __init__(self, max_width: int, enabled: bool = True, explore_every: int = 16, smoothing: float = 0.25):
+        self.max_width, self.enabled = max_width, enabled and max_width > 0
+        self.explore_every, self.smoothing = explore_every, smoothing
+        self.widths = sorted({0, max_width} | {w for w in (1, 2, 4, 8, 16) if w < max_width}) \
+            if self.enabled else [max_width]
+        self.cost: dict[tuple[int, int], float] = {}          # (batch bucket, width) -> seconds per step
+        self.trials = [0] * (max_width + 1)                   # sequence-steps that drafted >= i
+        self.hits = [0] * (max_width + 1)                     # ... of which the first i were all accepted
         self.steps: defaultdict[int, int] = defaultdict(int)
 
     @staticmethod
     def bucket(batch: int) -> int:
-        """Costs are pooled per power-of-two batch size, so estimates settle quickly."""
         return 1 << (batch - 1).bit_length()
 
-    def should_draft(self, batch: int) -> bool:
-        if not self.enabled:
-            return True
-        batch = self.bucket(batch)
-        self.steps[batch] += 1
-        spec, ar = self.cost.get((True, batch)), self.cost.get((False, batch))
-        if spec is None or self.mean_al is None:
-            return True
-        if ar is None:
-            return False
-        choice = self.mean_al * ar >= spec
-        if self.steps[batch] % self.explore_every == 0:
-            return not choice                                 # keep the other estimate fresh
-        return choice
+    def expected_tokens(self, width: int) -> float:
+        """E(width): committed tokens per sequence per step (an optimistic prior before any data)."""
+        return 1.0 + sum((self.hits[i] + 1) / (self.trials[i] + 1) for i in range(1, width + 1))
 
-    def record(self, drafting: bool, batch: int, seconds: float, tokens_per_seq: float) -> None:
-        key = (drafting, self.bucket(batch))
+    def choose(self, batch: int) -> int:
+        """The width for this step's greedy sequences."""
+        if not self.enabled:
+            return self.max_width
+        b = self.bucket(batch)
+        self.steps[b] += 1
+        untried = [w for w in self.widths if (b, w) not in self.cost]
+        if untried:
+            return untried[-1]                                  # widest first: it measures every slot
+        rate = {w: self.expected_tokens(w) / self.cost[(b, w)] for w in self.widths}
+        best = max(self.widths, key=lambda w: (rate[w], -w))
+        if self.steps[b] % self.explore_every == 0:             # keep the others' estimates fresh
+            others = [w for w in self.widths if w != best]
+            return others[(self.steps[b] // self.explore_every) % len(others)]
+        return best
+
+    def record(self, batch: int, width: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
+        """One decode step: its time at `width`, and each sequence's drafted / accepted counts."""
+        key = (self.bucket(batch), width)
         old = self.cost.get(key)
         self.cost[key] = seconds if old is None else old + self.smoothing * (seconds - old)
-        if drafting:
-            self.mean_al = tokens_per_seq if self.mean_al is None else \
-                self.mean_al + self.smoothing * (tokens_per_seq - self.mean_al)
+        for n, a in zip(drafted, accepted):
+            for i in range(1, n + 1):
+                self.trials[i] += 1
+                self.hits[i] += a >= i

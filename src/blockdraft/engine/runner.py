@@ -33,7 +33,7 @@ class ModelRunner:
                  drafter_pool: PagedKVPool | None, confidence_threshold: float = 0.0, ring=None):
         self.target, self.drafter = target, drafter
         self.target_pool, self.drafter_pool, self.ring = target_pool, drafter_pool, ring
-        self.taps = drafter.config.target_layer_ids if drafter is not None else ()
+        self.taps = drafter.config.taps if drafter is not None else ()
         self.confidence_threshold = confidence_threshold
 
     def _tables(self, seqs: list[Sequence]) -> torch.Tensor:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..config import Taps
 from ..layers.attention import causal_visibility
 from ..models.drafter import BlockDrafter
 from ..models.kv_cache import ContextRead
@@ -47,9 +48,9 @@ class _ConcatStep:
 
 
 class TargetGraph(nn.Module):
-    def __init__(self, target: TargetModel, tap_layers: tuple[int, ...]):
+    def __init__(self, target: TargetModel, taps: Taps):
         super().__init__()
-        self.target, self.tap_layers = target, tuple(tap_layers)
+        self.target, self.tap_layers = target, taps
 
     def forward(self, input_ids, position_ids, *past):
         step = _ConcatStep(position_ids, list(past))

@@ -58,7 +58,7 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
 
-    taps = tuple(cfg.target_layer_ids)
+    taps = cfg.taps
     t, d = target.config, cfg
     tgt_past = [torch.zeros(1, t.num_kv_heads, 2, t.head_dim, dtype=torch_dtype) for _ in range(2 * t.num_layers)]
     tgt_in = cache_names("past_key_values", t.num_layers)

@@ -1,8 +1,10 @@
 """Llama / Qwen3 decoder that returns logits and, in the same pass, the drafter's taps.
 
 Qwen3 differs from Llama only by q/k RMSNorm per head (`qk_norm`); everything else
-(GQA, tied embeddings, RoPE scaling) is config. Taps follow HF `hidden_states[i+1]`:
-the residual stream after layer i; for the last layer, after the final norm.
+(GQA, tied embeddings, RoPE scaling) is config. A tap of layer i is the residual stream
+after layer i; for the last layer its value depends on the drafter's tap point
+(`Taps.point`): "hidden_states" (HF `hidden_states[-1]`) is after the final norm,
+"layer_output" (DeepSpec DSpark) before it.
 This module knows nothing about drafting or sampling.
 """
 
@@ -14,7 +16,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..config import TargetConfig
+from ..layers.linear import StableLinear
+
+from ..config import Taps, TargetConfig
 from ..layers.attention import attend
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary, apply_rope
@@ -25,10 +29,10 @@ class TargetAttention(nn.Module):
     def __init__(self, cfg: TargetConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        self.q_proj = StableLinear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.attention_bias)
+        self.k_proj = StableLinear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
+        self.v_proj = StableLinear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
+        self.o_proj = StableLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.attention_bias)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -53,9 +57,9 @@ class MLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.gate_proj = StableLinear(hidden, intermediate, bias=bias)
+        self.up_proj = StableLinear(hidden, intermediate, bias=bias)
+        self.down_proj = StableLinear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -77,7 +81,8 @@ class DecoderLayer(nn.Module):
 @dataclass
 class TargetOutput:
     logits: torch.Tensor              # [batch, rows, vocab] (rows = all or the last `logits_rows`)
-    taps: torch.Tensor | None = None  # [batch, seq, len(tap_layers) * hidden]
+    taps: torch.Tensor | None = None  # [batch, seq, len(taps.layers) * hidden]
+    hidden: torch.Tensor | None = None  # [batch, seq, hidden] after the final norm, every row
 
 
 class TargetModel(nn.Module):
@@ -87,7 +92,7 @@ class TargetModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = StableLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.rope, cfg.head_dim)
 
     def tie_weights(self) -> None:
@@ -106,7 +111,7 @@ class TargetModel(nn.Module):
         c = self.config
         return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.dtype, self.device, capacity)
 
-    def forward(self, input_ids: torch.Tensor, cache=None, tap_layers: tuple[int, ...] = (),
+    def forward(self, input_ids: torch.Tensor, cache=None, tap_layers: Taps | tuple[int, ...] = (),
                 logits_rows: int | None = None, logits_at: torch.Tensor | None = None) -> TargetOutput:
         """input_ids [batch, seq]. `cache` is a KVCache (rows go at cache.length..) or a step
         view from a paged batch (positions and slots given); None = a fresh causal pass.
@@ -120,22 +125,25 @@ class TargetModel(nn.Module):
             step = KVCache(len(self.layers), b, self.config.num_kv_heads, self.config.head_dim, self.dtype,
                            self.device, t).begin(t)
         cos, sin = self.rotary.cos_sin(step.positions, self.dtype)
+        spec = tap_layers if isinstance(tap_layers, Taps) else Taps(tuple(tap_layers))
+        tap_layers = spec.layers
         x = self.embed_tokens(input_ids)
         taps = {}
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, step, i)
-            if i in tap_layers and i != last:
+            if i in tap_layers:
                 taps[i] = x
         x = self.norm(x)
-        if last in tap_layers:
+        if last in tap_layers and spec.point == "hidden_states":
             taps[last] = x  # HF hidden_states[-1] is after the final norm
+        hidden = x
         if logits_rows is not None:
             x = x[:, -logits_rows:]
         if logits_at is not None:
             x = x[torch.arange(b, device=x.device), logits_at][:, None]
         packed = torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None
-        return TargetOutput(self.lm_head(x), packed)
+        return TargetOutput(self.lm_head(x), packed, hidden)
 
     @torch.inference_mode()
     def logits(self, input_ids) -> torch.Tensor:

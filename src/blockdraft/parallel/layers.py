@@ -15,6 +15,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from ..layers.linear import stable_linear
+
 
 @dataclass(frozen=True)
 class TPGroup:
@@ -46,7 +48,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = None if full.bias is None else nn.Parameter(full.bias.detach()[lo:hi].clone(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return stable_linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -57,7 +59,7 @@ class RowParallelLinear(nn.Module):
         self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+        y = self.tp.all_reduce(stable_linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
 
@@ -86,7 +88,7 @@ class VocabParallelHead(nn.Module):
         self.weight = nn.Parameter(full.weight.detach()[self.lo:self.hi].clone(), requires_grad=False)
 
     def local(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return stable_linear(x, self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_gather(self.local(x))

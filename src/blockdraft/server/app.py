@@ -195,8 +195,8 @@ def build_app(llm: LLM, model_name: str = "blockdraft", api_key: str | None = No
     @app.get("/health")
     async def health():
         driver = state.get("driver")
-        if driver is None or driver.error is not None:
-            return JSONResponse({"status": "error", "detail": repr(getattr(driver, "error", None))}, 503)
+        if driver is None or driver.task is None or driver.task.done():
+            return JSONResponse({"status": "error", "detail": "the engine loop is not running"}, 503)
         return {"status": "ok"}
 
     @app.get("/metrics")

@@ -28,7 +28,7 @@ class AsyncEngine:
         self.streams: dict[str, Stream] = {}
         self.wakeup = asyncio.Event()
         self.task: asyncio.Task | None = None
-        self.error: BaseException | None = None
+        self.last_error: BaseException | None = None    # the most recent failed step (its requests got a 500)
 
     async def _call(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.worker, fn, *args)
@@ -65,8 +65,9 @@ class AsyncEngine:
                 await self.wakeup.wait()
             try:
                 outputs = await self._call(self.engine.step)
-            except Exception as e:  # a bug in a step: fail every waiting request instead of hanging
-                self.error = e
+            except Exception as e:  # a failed step: end the requests it held with an error, keep serving
+                self.last_error = e
+                await self._call(self.engine.abort_all, "error")
                 for stream in list(self.streams.values()):
                     stream.queue.put_nowait(e)
                 self.streams.clear()

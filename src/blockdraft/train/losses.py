@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from ..errors import ConfigError
 from ..models.drafter import BlockDrafter
 from ..models.kv_cache import ContextRead
 
@@ -85,7 +86,7 @@ def dspark_loss(drafter: BlockDrafter, block: Block, ce_alpha: float = 0.1, l1_a
     """DeepSpec: 0.1 CE + 0.9 L1(softmax(z), p) with z = logits + W2(W1[prev]) (teacher-forced),
     position weights exp(-k/4); the confidence head regresses (BCE) onto 1 - ½‖softmax(z) - p‖₁."""
     if block.target_logits is None:
-        raise ValueError("dspark_loss needs the target's logits: build the block with head=target.lm_head")
+        raise ConfigError("dspark_loss needs the target's logits: build the block with head=target.lm_head")
     bias, embed = drafter.markov_head(block.prev)
     z = drafter.logits(block.hidden).float() + bias                            # [N, V]
     p = torch.softmax(block.target_logits, dim=-1)

@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 
 from ..checkpoints.publish import save_drafter
+from ..config import Taps
+from ..errors import RequestError
 from ..decode import generate_one
 from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
@@ -81,15 +83,13 @@ def _greedy_responses(target: TargetModel, prompts: list[list[int]], new_tokens:
 
 
 @torch.no_grad()
-def teacher_data(target: TargetModel, prompts: list[list[int]], new_tokens: int, taps: tuple[int, ...],
+def teacher_data(target: TargetModel, prompts: list[list[int]], new_tokens: int, taps: Taps | tuple[int, ...],
                  eos_ids: frozenset[int] = frozenset(), max_batch: int = 32, progress: bool = False
                  ) -> list[TeacherSeq]:
-    """Each prompt + the target's greedy response (stopping at `eos_ids`), with taps and final hidden."""
-    last = target.config.num_layers - 1
-    layers = tuple(taps) + ((last,) if last not in taps else ())
+    """Each prompt + the target's greedy response (stopping at `eos_ids`), with taps (read at the
+    drafter's tap point) and the target's final hidden state."""
     responses = _greedy_responses(target, prompts, new_tokens, eos_ids, max_batch, progress)
     seqs = [p + r for p, r in zip(prompts, responses)]
-    width = target.config.hidden_size
     data: list[TeacherSeq | None] = [None] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     for i in range(0, len(order), 16):  # right-padded batches: causal attention keeps the real rows exact
@@ -98,11 +98,10 @@ def teacher_data(target: TargetModel, prompts: list[list[int]], new_tokens: int,
         ids = torch.zeros(len(group), longest, dtype=torch.long)
         for row, j in enumerate(group):
             ids[row, :len(seqs[j])] = torch.tensor(seqs[j])
-        packed = target(ids, tap_layers=layers, logits_at=torch.zeros(len(group), dtype=torch.long)).taps
+        out = target(ids, tap_layers=taps, logits_at=torch.zeros(len(group), dtype=torch.long))
         for row, j in enumerate(group):
             n = len(seqs[j])
-            data[j] = TeacherSeq(ids[row, :n].clone(), packed[row:row + 1, :n, :len(taps) * width].clone(),
-                                 packed[row, :n, layers.index(last) * width:(layers.index(last) + 1) * width].clone(),
+            data[j] = TeacherSeq(ids[row, :n].clone(), out.taps[row:row + 1, :n].clone(), out.hidden[row, :n].clone(),
                                  len(prompts[j]))
     return data
 
@@ -127,9 +126,12 @@ def fit(drafter: BlockDrafter, data: list[TeacherSeq], cfg: TrainConfig, state_p
 
     `head` is the target's LM head (DSpark's loss needs the target distribution).
     """
-    data = [d for d in data if d.anchor_range[1] > d.anchor_range[0]]
-    if not data:
-        raise ValueError("no teacher sequence is long enough to hold a block")
+    usable = [d for d in data if d.anchor_range[1] > d.anchor_range[0]]
+    if not usable:
+        longest = max((len(d.ids) for d in data), default=0)
+        raise RequestError(f"none of the {len(data)} teacher sequences has a response token to predict "
+                           f"(longest {longest} tokens); use longer prompts/responses (--new-tokens) or more prompts")
+    data = usable
     params = [p for p in drafter.parameters()]
     for p in params:
         p.requires_grad_(True)
@@ -187,7 +189,7 @@ def train(drafter: BlockDrafter, target: TargetModel, prompts: list[list[int]], 
     """Teacher data → `fit` (resumable) → published checkpoint, training.json, plot."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if data is None:
-        data = teacher_data(target, prompts, cfg.new_tokens, drafter.config.target_layer_ids, eos_ids,
+        data = teacher_data(target, prompts, cfg.new_tokens, drafter.config.taps, eos_ids,
                             progress=progress)
     t0 = time.perf_counter()
     history = fit(drafter, data, cfg, out_dir / "trainer_state.pt", progress, target.lm_head)

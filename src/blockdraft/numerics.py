@@ -1,0 +1,58 @@
+"""Which numerics to run in, and what the machine offers.
+
+`--dtype auto` (the default): the default model runs in bf16 — the dtype its drafters were
+trained against and the one whose kernels `layers/linear.py` and `layers/attention.py` make
+row-invariant, so speculative greedy output equals plain greedy output bit for bit. fp32 on
+MKL is not row-invariant (its one-row GEMV and multi-row GEMM round differently), so fp32
+speculation is lossless only up to fp32 rounding at near-ties; it is never chosen by `auto`
+for the default model. Other targets keep fp32 on the CPU (their checkpoints are compared
+with transformers in fp32) and bf16 on CUDA.
+
+CPUs with AVX512-BF16 or AMX run multi-row bf16 matmuls natively (a 9-row verify costs about
+a 1-row step); on AVX2-only CPUs they are emulated and cost grows with the row count. Either
+way the draft-width policy (`engine/policy.py`) measures it and verifies only as many drafts as
+pay, down to none.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from .errors import ConfigError
+
+DTYPE_CHOICES = ("auto", "float32", "bfloat16")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def native_bf16(flags: frozenset[str] | None = None) -> bool:
+    flags = cpu_flags() if flags is None else flags
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def resolve_dtype(requested: str | None, device: str = "cpu", default_model: bool = False) -> str:
+    """`auto`/None -> the dtype to load in; explicit names pass through (validated)."""
+    if requested not in (None, "auto"):
+        if requested not in DTYPE_CHOICES:
+            raise ConfigError(f"dtype {requested!r} is not supported (choose from {', '.join(DTYPE_CHOICES)})")
+        return requested
+    if default_model or str(device).startswith("cuda"):
+        return "bfloat16"
+    return "float32"
+
+
+def describe(dtype: str) -> dict:
+    """What `--json` reports about the numerics in use."""
+    return {"dtype": dtype, "cpu_native_bf16": native_bf16(),
+            "row_invariant": dtype == "bfloat16"}

@@ -1,0 +1,92 @@
+"""bf16 rows round the same whatever else shares the pass: the basis of lossless bf16 speculation.
+
+A verify pass over `[anchor, d_1..d_k]` (and a request batched beside others) must produce,
+row for row, the bits a one-row decoding step produces. Checked here, bitwise, on the machine
+the suite runs on: the linear layer at every row count, attention at every query count and
+key length, and the real default model (SmolLM2) whose plain bf16 kernels do not have this
+property (its 9-row pass differed from one-row steps by up to 0.56 in a logit).
+"""
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from blockdraft.layers.attention import attend, causal_visibility
+from blockdraft.layers.linear import stable_linear
+
+
+@pytest.mark.parametrize("shape", [(192, 576), (1536, 576), (576, 1536), (4096, 576)])
+def test_linear_rows_independent_of_row_count(shape):
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(shape, generator=g) * 0.05).bfloat16()
+    x = torch.randn(80, shape[1], generator=g).bfloat16()
+    one = torch.cat([stable_linear(x[i:i + 1], w) for i in range(80)])
+    for rows in (2, 9, 16, 17, 33, 72, 80):
+        assert torch.equal(stable_linear(x[:rows], w), one[:rows]), rows
+
+
+def test_attention_rows_independent_of_queries_and_keys():
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 9, 20, 64, generator=g).bfloat16()
+    k = torch.randn(2, 3, 300, 64, generator=g).bfloat16()
+    v = torch.randn(2, 3, 300, 64, generator=g).bfloat16()
+    for start in (5, 100, 250):
+        q_pos = torch.arange(start, start + 20).expand(2, 20)
+        keys = start + 20
+        many = attend(q, k[:, :, :keys], v[:, :, :keys], causal_visibility(q_pos, torch.arange(keys).expand(2, keys)),
+                      0.125)
+        for i in (0, 7, 19):
+            n = start + i + 1
+            for extra in (0, 13):       # masked keys past the row's own must not change its bits
+                kp = torch.arange(n + extra).expand(2, n + extra)
+                one = attend(q[:, :, i:i + 1], k[:, :, :n + extra], v[:, :, :n + extra],
+                             causal_visibility(q_pos[:, i:i + 1], kp), 0.125)
+                assert torch.equal(one[:, 0], many[:, i]), (start, i, extra)
+
+
+def test_attention_still_matches_sdpa():
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 4, 7, 16, generator=g), torch.randn(1, 2, 11, 16, generator=g),
+               torch.randn(1, 2, 11, 16, generator=g))
+    vis = causal_visibility(torch.arange(4, 11)[None], torch.arange(11)[None])
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=vis, scale=0.25, enable_gqa=True)
+    assert torch.allclose(attend(q, k, v, vis, 0.25), ref.transpose(1, 2).reshape(1, 7, 64), atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def smollm2_bf16():
+    from blockdraft.default_model import smollm2_dir
+    from blockdraft.loading import load_target
+
+    return load_target(smollm2_dir(), "bfloat16")
+
+
+@torch.inference_mode()
+def test_default_model_verify_rows_equal_one_row_steps(smollm2_bf16):
+    t = smollm2_bf16
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, t.config.vocab_size, (1, 37), generator=g)
+    block = torch.randint(0, t.config.vocab_size, (1, 9), generator=g)
+    cache = t.new_cache(1, 64)
+    t(prompt, cache)
+    cache.truncate(37)
+    many = t(block, cache).logits[0]                                # [9, vocab]
+    for i in range(9):
+        cache.truncate(37 + i)
+        one = t(block[:, i:i + 1], cache).logits[0, 0]
+        assert torch.equal(one, many[i]), f"row {i}: max |diff| {(one.float() - many[i].float()).abs().max()}"
+
+
+def test_numerics_auto_and_cpu_flags():
+    from blockdraft.errors import ConfigError
+    from blockdraft.numerics import describe, native_bf16, resolve_dtype
+
+    assert native_bf16(frozenset({"avx2", "amx_bf16"})) and native_bf16(frozenset({"avx512_bf16"}))
+    assert not native_bf16(frozenset({"avx2", "fma", "avx512f"}))
+    assert resolve_dtype("auto", default_model=True) == "bfloat16"       # the row-invariant numerics
+    assert resolve_dtype(None, default_model=False) == "float32"
+    assert resolve_dtype("auto", device="cuda:0") == "bfloat16"
+    assert resolve_dtype("float32", default_model=True) == "float32"
+    with pytest.raises(ConfigError, match="dtype 'fp8' is not supported"):
+        resolve_dtype("fp8")
+    assert describe("bfloat16")["row_invariant"] and not describe("float32")["row_invariant"]
