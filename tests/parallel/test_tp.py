@@ -153,6 +153,7 @@ def test_serve_tp2_answers_like_tp1_and_stops_on_sigint(capsys):
 def test_bench_tp2_reports_like_tp1(tmp_path):
     drafters = f"dspark={ASSETS / 'dspark'}"
     common = ["bench", "--target", str(TARGET), "--drafters", drafters, "--sets", "math", "--quick", "--no-hf",
+              "--no-adaptive-speculation",
               "--temperatures", "0"]
     assert main([*common, "--out", str(tmp_path / "one")]) == 0
     assert main([*common, "--tp", "2", "--out", str(tmp_path / "two")]) == 0

@@ -68,7 +68,7 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
             {"input_ids": {0: "batch", 1: "seq"}, "position_ids": {0: "batch", 1: "seq"},
              **{n: {0: "batch", 2: "past_seq"} for n in tgt_in}, **{n: {0: "batch", 2: "total_seq"} for n in tgt_out}},
             opset)
-    feat = len(taps) * t.hidden_size
+    feat = len(taps.layers) * t.hidden_size
     dr_past = [torch.zeros(1, d.num_kv_heads, 2, d.head_dim, dtype=torch_dtype) for _ in range(2 * d.num_layers)]
     dr_in = cache_names("past_key_values", d.num_layers)
     dr_out = cache_names("present", d.num_layers)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+import sys
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -52,8 +53,14 @@ def _worker(rank: int, world: int, port: int, timeout_s: float, task: Callable, 
         out = task(tp, payload)
         if rank == 0:   # plain pickle copies tensors (torch's shared-memory handles die with this process)
             results.put(pickle.dumps(out))
+        dist.barrier()  # no rank tears gloo down while a peer still has traffic in flight
     finally:
         dist.destroy_process_group()
+    # done and reported: leave without running C++ static destructors, where gloo's threads have been
+    # seen to abort the process ("terminate called without an active exception", exit -6) at random
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_tp(world: int, task: Callable[[TPGroup, Any], Any], payload: Any, timeout_s: float = DEFAULT_TIMEOUT_S):
@@ -65,6 +72,7 @@ def run_tp(world: int, task: Callable[[TPGroup, Any], Any], payload: Any, timeou
         tp = init_group(rank, size, "env://", timeout_s)
         try:
             out = task(tp, payload)
+            dist.barrier()
             return out if rank == 0 else None
         finally:
             dist.destroy_process_group()

@@ -1,0 +1,164 @@
+"""Default model, side by side in one run: our AR and speculative engine vs HF transformers vs
+ONNX Runtime GenAI 0.18.0's own CPU builds of the same weights (fp32 and int4), batch 1 and 8.
+
+    python benchmarks/bench_default_model.py [--prompts 8] [--tokens 64] [--repeats 2] [--batches 1,8]
+        [--ortgenai-venv ~/.cache/blockdraft/ref-venvs/ortgenai] [--threads 1]
+
+Every repeat runs every mode over the same chat prompts (bench chat set), greedy; tokens/s =
+generated tokens / wall time (prefill included, and tokens after EOS not counted). Ratios are
+taken within a repeat; the report keeps medians. ORT-GenAI models are built once with
+`python -m onnxruntime_genai.models.builder -i <converted SmolLM2> -o OUT -p fp32|int4 -e cpu`
+in their own venv (skipped when that venv is missing). Writes benchmarks/results/default_model.json
+and docs/default_model.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[:i + 1]
+    return tokens
+
+
+def build_ortgenai(venv: Path, src: Path, precision: str, cache: Path) -> Path:
+    out = cache / f"ortgenai-smollm2-{precision}"
+    if not (out / "genai_config.json").is_file():
+        subprocess.run([str(venv / "bin" / "python"), "-m", "onnxruntime_genai.models.builder", "-i", str(src),
+                        "-o", str(out), "-p", precision, "-e", "cpu"], check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--ortgenai-venv", default=str(Path.home() / ".cache" / "blockdraft" / "ref-venvs" / "ortgenai"))
+    ap.add_argument("--no-hf", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    import blockdraft
+    from blockdraft.bench.prompt_sets import load_set
+    from blockdraft.bench.run import HFBaseline
+    from blockdraft.default_model import smollm2_dir
+    from blockdraft.numerics import describe
+
+    batches = [int(b) for b in args.batches.split(",")]
+    texts = load_set("chat", args.prompts)
+    base = blockdraft.LLM(drafter="none", max_batch=max(batches))
+    tok = base.tokenizer
+    prompts = [tok.encode_chat([{"role": "user", "content": t}]) for t in texts]
+    rendered = [tok.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
+    eos = set(base._eos_ids())
+    params = blockdraft.SamplingParams(max_tokens=args.tokens)
+    ours = {"ar": base}
+    for name in ("dspark", "dflash"):
+        ours[name] = blockdraft.LLM(drafter=name, max_batch=max(batches))
+    ours["dspark_fixed"] = blockdraft.LLM(drafter="dspark", max_batch=max(batches), adaptive_speculation=False)
+    hf = None if args.no_hf else HFBaseline(smollm2_dir(), torch.bfloat16, sorted(eos))
+
+    ort = {}
+    venv = Path(args.ortgenai_venv)
+    prompt_file = Path(tempfile.mkdtemp()) / "prompts.json"
+    prompt_file.write_text(json.dumps(rendered))
+    if (venv / "bin" / "python").is_file():
+        cache = Path(os.environ.get("BLOCKDRAFT_CACHE", Path.home() / ".cache" / "blockdraft"))
+        for precision in ("int4", "fp32"):
+            ort[f"ortgenai_{precision}"] = build_ortgenai(venv, smollm2_dir(), precision, cache)
+    else:
+        print(f"no onnxruntime-genai venv at {venv}: skipping that baseline", file=sys.stderr)
+
+    def run_ort(model_dir: Path, batch: int) -> tuple[float, list[list[int]]]:
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        res = subprocess.run([str(venv / "bin" / "python"), str(ROOT / "benchmarks" / "ortgenai_driver.py"),
+                              str(model_dir), str(prompt_file), str(batch), str(args.tokens)],
+                             check=True, capture_output=True, text=True, env=env)
+        out = json.loads(res.stdout)
+        return sum(out["seconds"]), [_until_eos(t, eos) for t in out["tokens"]]
+
+    modes = [*ours, *([] if hf is None else ["hf"]), *ort]
+    raw: dict = {}
+    for batch in batches:
+        rate = {m: [] for m in modes if m != "hf" or batch == 1}
+        same_as_ar = {m: 0 for m in rate}
+        for rep in range(args.repeats):
+            ar_tokens = None
+            for mode in rate:
+                t0 = time.perf_counter()
+                if mode in ours:
+                    outs = []
+                    for lo in range(0, len(prompts), batch):
+                        outs += [o.token_ids for o in ours[mode].generate(prompt_token_ids=prompts[lo:lo + batch],
+                                                                           sampling_params=params)]
+                    seconds = time.perf_counter() - t0
+                elif mode == "hf":
+                    outs = [_until_eos(hf.generate(p, params), eos) for p in prompts]
+                    seconds = time.perf_counter() - t0
+                else:
+                    seconds, outs = run_ort(ort[mode], batch)
+                rate[mode].append(sum(len(o) for o in outs) / seconds)
+                if mode == "ar":
+                    ar_tokens = outs
+                if rep == 0:
+                    same_as_ar[mode] = sum(a == b for a, b in zip(outs, ar_tokens))
+                print(f"batch {batch} rep {rep} {mode}: {rate[mode][-1]:.1f} tok/s", file=sys.stderr, flush=True)
+        raw[batch] = {m: {"tokens_per_s": statistics.median(v), "repeats": v,
+                          "vs_our_ar": statistics.median(x / y for x, y in zip(v, rate["ar"])),
+                          "greedy_equal_to_our_ar": f"{same_as_ar[m]}/{len(prompts)}"} for m, v in rate.items()}
+    al = {}
+    for name in ("dspark", "dflash", "dspark_fixed"):
+        outs = ours[name].generate(prompt_token_ids=prompts, sampling_params=params)
+        lengths = [a for o in outs for a in o.acceptance_lengths]
+        al[name] = sum(lengths) / len(lengths)
+    report = {"numerics": describe("bfloat16"), "threads": args.threads, "prompts": len(prompts),
+              "max_new_tokens": args.tokens, "repeats": args.repeats, "results": raw, "mean_al": al,
+              "cpu": open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": ")}
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "default_model.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report, indent=1))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8, 3.8))
+        width = 0.8 / len(batches)
+        for j, batch in enumerate(batches):
+            names = list(raw[batch])
+            ax.bar([modes.index(n) + j * width for n in names], [raw[batch][n]["tokens_per_s"] for n in names],
+                   width, label=f"batch {batch}")
+        ax.set_xticks([i + width * (len(batches) - 1) / 2 for i in range(len(modes))], modes, fontsize=8,
+                      rotation=20)
+        ax.set_ylabel("generated tokens/s")
+        ax.set_title(f"SmolLM2-135M, {len(prompts)} chat prompts x {args.tokens} tokens, {args.threads} thread(s)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(ROOT / "docs" / "default_model.png", dpi=110)
+    except ImportError:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
