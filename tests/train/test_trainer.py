@@ -145,3 +145,40 @@ def test_builtin_prompt_sources_are_offline_and_deterministic():
     assert stdlib_code(20, seed=1) == stdlib_code(20, seed=1) and len(stdlib_code(20)) == 20
     assert templated_math(10, seed=2) == templated_math(10, seed=2)
     assert all("Python" in p or "`" in p for p in stdlib_code(20))
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"prompt": "ok"}\n{"prompt": 3}\n', r"prompts\.jsonl:2: needs a string field 'prompt'"),
+    ('{"prompt": "ok"}\n\n{"text": "x"}\n', r"prompts\.jsonl:3: needs a string field 'prompt'"),
+    ('{"prompt": "ok"}\nnot json\n', r"prompts\.jsonl:2: not a JSON object"),
+])
+def test_bad_training_prompts_are_one_line_errors(tmp_path, capsys, content, message):
+    import re
+
+    bad = tmp_path / "prompts.jsonl"
+    bad.write_text(content)
+    assert main(["train", "--target", str(ASSETS / "target-qwen3"), "--prompts", str(bad), "--out",
+                 str(tmp_path / "d"), "--taps", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(message, err[0]), err
+    assert not (tmp_path / "d").exists()
+
+
+def test_teacher_data_without_a_response_is_a_named_error(target, tmp_path):
+    from blockdraft.errors import RequestError
+    from blockdraft.train.trainer import TeacherSeq, fit
+
+    drafter = new_drafter(target, "dflash", 1, 4, (0, 2), 126)
+    ids = torch.tensor([5, 6])
+    short = [TeacherSeq(ids, torch.zeros(1, 2, 2 * target.config.hidden_size), torch.zeros(2, 64), 2)]
+    with pytest.raises(RequestError, match="none of the 1 teacher sequences has a response token"):
+        fit(drafter, short, TrainConfig(steps=1), None, progress=False)
+
+
+def test_lattice_backend_refuses_a_context_gap(target, drafters):
+    from blockdraft.lattice_decode import TorchLatticeBackend
+
+    backend = TorchLatticeBackend(target, drafters["dspark"])
+    taps = torch.zeros(3, 2 * target.config.hidden_size)
+    with pytest.raises(RuntimeError, match="drafter context holds 0 rows, new rows start at 2"):
+        backend.draft(taps, 2, [1] * drafters["dspark"].config.block_size)

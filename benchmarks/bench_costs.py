@@ -1,0 +1,120 @@
+"""Step cost per row count, per numerics, in one run: what the draft-width policy trades off.
+
+    python benchmarks/bench_costs.py [--context 300] [--repeats 7] [--threads 1]
+
+Target: one SmolLM2 pass over R new rows (R = 1, 2, 4, 8, 9, 16) after a `--context`-token
+prefill, in bf16 with the row-invariant kernels (what ships), bf16 with plain SDPA/F.linear
+(not row-invariant: for comparison), and fp32. Drafter: one block pass of each shipped drafter
+(context already written) in bf16. Medians of `--repeats`; every configuration is timed in
+the same process, interleaved by repeat. Writes benchmarks/results/costs.json and docs/costs.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = (1, 2, 4, 8, 9, 16)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--context", type=int, default=300)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    import blockdraft.layers.attention as attention
+    import blockdraft.layers.linear as linear
+    from blockdraft.default_model import smollm2_dir
+    from blockdraft.llm import resolve_drafter_dir
+    from blockdraft.loading import load_drafter, load_target
+    from blockdraft.numerics import cpu_flags, native_bf16
+
+    stable_attn, stable_lin = attention._row_stable, linear.stable_linear
+    plain_attn = (lambda q, k, v, vis, scale, g:
+                  F.scaled_dot_product_attention(q, k, v, attn_mask=vis, scale=scale, enable_gqa=g > 1))
+
+    def use(stable: bool) -> None:
+        attention._row_stable = stable_attn if stable else plain_attn
+        linear.ROW_CHUNK = 16 if stable else 10 ** 9
+
+    targets = {"bf16 row-invariant": (load_target(smollm2_dir(), "bfloat16"), True),
+               "bf16 plain (SDPA)": (None, False), "fp32": (load_target(smollm2_dir(), "float32"), True)}
+    targets["bf16 plain (SDPA)"] = (targets["bf16 row-invariant"][0], False)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 49152, (1, args.context), generator=g)
+    caches = {}
+    with torch.inference_mode():
+        for name, (t, stable) in targets.items():
+            use(stable)
+            cache = t.new_cache(1, args.context + 32)
+            t(prompt, cache)
+            caches[name] = cache
+        drafters = {}
+        for kind in ("dspark", "dflash"):
+            t = targets["bf16 row-invariant"][0]
+            d = load_drafter(resolve_drafter_dir(None, kind), t)
+            dc = d.new_cache(1, args.context + 32)
+            d.extend_context(t(prompt, t.new_cache(1, args.context + 32), d.config.taps).taps, dc)
+            drafters[kind] = (d, dc)
+
+        times: dict[str, dict[int, list[float]]] = {n: {r: [] for r in ROWS} for n in [*targets, *drafters]}
+        for _ in range(args.repeats):
+            for name, (t, stable) in targets.items():
+                use(stable)
+                for rows in ROWS:
+                    caches[name].truncate(args.context)
+                    ids = torch.randint(0, 49152, (1, rows), generator=g)
+                    t0 = time.perf_counter()
+                    t(ids, caches[name])
+                    times[name][rows].append(time.perf_counter() - t0)
+            use(True)
+            for kind, (d, dc) in drafters.items():
+                anchor = torch.tensor([int(prompt[0, -1])])
+                for rows in ROWS:
+                    t0 = time.perf_counter()
+                    hidden = d.block_hidden(anchor, d.config.block_size, dc)
+                    d.logits(hidden[:, :rows])
+                    times[kind][rows].append(time.perf_counter() - t0)
+    use(True)
+    report = {"context": args.context, "threads": args.threads, "repeats": args.repeats,
+              "cpu_native_bf16": native_bf16(), "amx": "amx_bf16" in cpu_flags(),
+              "ms": {n: {r: 1e3 * statistics.median(v) for r, v in per.items()} for n, per in times.items()}}
+    report["ratio_vs_1_row"] = {n: {r: v / per[1] for r, v in per.items()} for n, per in report["ms"].items()}
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "costs.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report["ms"], indent=1))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 3.8))
+        for name, per in report["ms"].items():
+            ax.plot(list(per), list(per.values()), marker="o",
+                    label=name if name in targets else f"drafter {name} (bf16, logits rows)")
+        ax.set_xlabel("rows in the pass")
+        ax.set_ylabel("ms (median)")
+        ax.set_title(f"SmolLM2-135M step cost, context {args.context}, {args.threads} thread(s)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(ROOT / "docs" / "costs.png", dpi=110)
+    except ImportError:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
