@@ -53,6 +53,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--ortgenai-venv", default=str(Path.home() / ".cache" / "blockdraft" / "ref-venvs" / "ortgenai"))
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--no-ortgenai", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -80,7 +81,7 @@ def main() -> int:
     venv = Path(args.ortgenai_venv)
     prompt_file = Path(tempfile.mkdtemp()) / "prompts.json"
     prompt_file.write_text(json.dumps(rendered))
-    if (venv / "bin" / "python").is_file():
+    if (venv / "bin" / "python").is_file() and not args.no_ortgenai:
         cache = Path(os.environ.get("BLOCKDRAFT_CACHE", Path.home() / ".cache" / "blockdraft"))
         for precision in ("int4", "fp32"):
             ort[f"ortgenai_{precision}"] = build_ortgenai(venv, smollm2_dir(), precision, cache)

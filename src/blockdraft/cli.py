@@ -169,6 +169,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _number_list(text: str, flag: str, kind: type, minimum: float) -> tuple:
+    """'0,1' -> (0.0, 1.0): comma-separated numbers of `kind`, each >= `minimum`, or a named error."""
+    from .errors import ConfigError
+
+    try:
+        values = tuple(kind(v) for v in text.split(","))
+    except ValueError:
+        raise ConfigError(f"{flag} must be comma-separated {kind.__name__}s, got {text!r}") from None
+    if any(v < minimum for v in values):
+        raise ConfigError(f"{flag} must be >= {minimum}, got {text!r}")
+    return values
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -181,21 +194,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         name, _, path = item.partition("=")
         drafters[name] = Path(path) if path else resolve_drafter_dir(args.target, name)
     drafters = {k: v for k, v in drafters.items() if v is not None}
-    try:
-        temps = tuple(float(t) for t in args.temperatures.split(","))
-    except ValueError:
-        raise ConfigError(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}") from None
-    if any(t < 0 for t in temps):
-        raise ConfigError(f"--temperatures must be >= 0, got {args.temperatures!r}")
+    temps = _number_list(args.temperatures, "--temperatures", float, 0)
     for name in ("prompts", "max_new_tokens", "repeats"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    try:
-        batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
-    except ValueError:
-        raise ConfigError(f"--batch-sizes must be comma-separated integers, got {args.batch_sizes!r}") from None
-    if any(b < 1 for b in batch_sizes):
-        raise ConfigError(f"--batch-sizes must be >= 1, got {args.batch_sizes!r}")
+    batch_sizes = _number_list(args.batch_sizes, "--batch-sizes", int, 1)
     cfg = BenchConfig(sets=tuple(args.sets.split(",")), prompts_per_set=2 if args.quick else args.prompts,
                       max_new_tokens=24 if args.quick else args.max_new_tokens, temperatures=temps,
                       repeats=1 if args.quick else args.repeats, hf_baseline=not args.no_hf,

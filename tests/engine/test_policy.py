@@ -4,6 +4,7 @@ import pytest
 
 from blockdraft.engine.engine import EngineConfig, LLMEngine
 from blockdraft.engine.policy import DraftWidthPolicy
+from blockdraft.errors import ConfigError
 from blockdraft.sampling.params import SamplingParams
 from conftest import random_prompts
 
@@ -50,11 +51,11 @@ def test_batch_buckets_exploration_and_off_switch():
     assert policy.choose(16) == 4                           # another bucket: unexplored, widest first
     assert policy.bucket(5) == policy.bucket(8) == 8
     picks = [policy.choose(8) for _ in range(8)]
-    assert picks.count(0) == 6 and len(set(picks)) == 3    # best (0) except two exploratory steps
+    assert picks.count(0) == 6 and set(picks) == {0, 1}    # best (0) except two steps at its neighbour
     off = DraftWidthPolicy(4, enabled=False)
     off.record(1, 4, 100.0, [4], [0])
     assert off.widths == [4] and all(off.choose(1) == 4 for _ in range(5))
-    with pytest.raises(Exception, match="num_speculative_tokens must be >= 0"):
+    with pytest.raises(ConfigError, match="num_speculative_tokens must be >= 0"):
         EngineConfig(num_speculative_tokens=-1)
 
 

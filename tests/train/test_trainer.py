@@ -182,3 +182,13 @@ def test_lattice_backend_refuses_a_context_gap(target, drafters):
     taps = torch.zeros(3, 2 * target.config.hidden_size)
     with pytest.raises(RuntimeError, match="drafter context holds 0 rows, new rows start at 2"):
         backend.draft(taps, 2, [1] * drafters["dspark"].config.block_size)
+
+
+def test_dspark_loss_without_target_logits_is_a_named_error(target, drafters):
+    from blockdraft.errors import ConfigError
+
+    drafter = drafters["dspark"]
+    seq = teacher_data(target, PROMPTS[:1], 16, drafter.config.taps)[0]
+    block = blocks_at(drafter, seq.taps, seq.final, seq.ids, torch.tensor([3, 5]))      # no head: no logits
+    with pytest.raises(ConfigError, match="dspark_loss needs the target's logits"):
+        dspark_loss(drafter, block)

@@ -6,9 +6,10 @@ sequence; k = 0 is a plain decoding step). Both are measured online: P from runn
 per-position acceptance (drafts are prefix-consistent — slot i does not depend on how many
 slots are verified — so a step with k drafts also informs every narrower width), cost as an
 EMA of measured step time per power-of-two batch bucket and width. Each candidate width is
-tried first, then the best is used with one exploratory step in `explore_every`, so a
-machine whose verify is cheap (AMX) drafts wide and one whose verify is dear (emulated bf16)
-drafts narrow or not at all.
+tried first, then the best is used with one exploratory step in `explore_every` at a width
+next to it (a neighbour costs little to try; a far one can cost 3x a step at batch 8), so a
+machine whose verify is cheap (AMX) drafts wide and one whose verify is dear (emulated bf16,
+large batches) drafts narrow or not at all.
 
 Only greedy sequences follow the policy: their output is the same at any width. Sampled
 sequences always draft the full (capped) width, so a seeded run consumes randomness the same
@@ -21,8 +22,9 @@ from collections import defaultdict
 
 
 class DraftWidthPolicy:
-    def __init__(self, max_width: int, enabled: bool = True, explore_every: int = 16, smoothing: float = 0.25):
-        self.max_width, self.enabled = max_width, enabled and max_width > 0
+    def __init__(self, max_width: int, enabled: bool = True, explore_every: int = 32, smoothing: float = 0.25,
+                 margin: float = 1.05):
+        self.max_width, self.enabled, self.margin = max_width, enabled and max_width > 0, margin
         self.explore_every, self.smoothing = explore_every, smoothing
         self.widths = sorted({0, max_width} | {w for w in (1, 2, 4, 8, 16) if w < max_width}) \
             if self.enabled else [max_width]
@@ -36,8 +38,13 @@ class DraftWidthPolicy:
         return 1 << (batch - 1).bit_length()
 
     def expected_tokens(self, width: int) -> float:
-        """E(width): committed tokens per sequence per step (an optimistic prior before any data)."""
-        return 1.0 + sum((self.hits[i] + 1) / (self.trials[i] + 1) for i in range(1, width + 1))
+        """E(width): committed tokens per sequence per step. P(first i accepted) is shrunk towards
+        P(first i-1) by one pseudo-trial (optimistic before any data) and never rises with i."""
+        total, p = 1.0, 1.0
+        for i in range(1, width + 1):
+            p = min(p, (self.hits[i] + p) / (self.trials[i] + 1))
+            total += p
+        return total
 
     def choose(self, batch: int) -> int:
         """The width for this step's greedy sequences."""
@@ -50,9 +57,12 @@ class DraftWidthPolicy:
             return untried[-1]                                  # widest first: it measures every slot
         rate = {w: self.expected_tokens(w) / self.cost[(b, w)] for w in self.widths}
         best = max(self.widths, key=lambda w: (rate[w], -w))
-        if self.steps[b] % self.explore_every == 0:             # keep the others' estimates fresh
-            others = [w for w in self.widths if w != best]
-            return others[(self.steps[b] // self.explore_every) % len(others)]
+        if best and rate[best] < self.margin * rate[0]:
+            best = 0      # drafting must win clearly: its context upkeep is not all in the step's time
+        if self.steps[b] % self.explore_every == 0:             # keep the neighbours' estimates fresh
+            at = self.widths.index(best)
+            near = self.widths[max(0, at - 1):at] + self.widths[at + 1:at + 2]
+            return near[(self.steps[b] // self.explore_every) % len(near)]
         return best
 
     def record(self, batch: int, width: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:

@@ -18,6 +18,7 @@ from torch.nn import functional as F
 from ..config import DrafterConfig
 from ..errors import ConfigError
 from ..layers.attention import attend, causal_visibility
+from ..layers.linear import StableLinear
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary, apply_rope
 from .kv_cache import KVCache
@@ -34,10 +35,10 @@ class InjectedAttention(nn.Module):
                              f"num_key_value_heads={cfg.num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=bias)
+        self.q_proj = StableLinear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
+        self.k_proj = StableLinear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.v_proj = StableLinear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.o_proj = StableLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
@@ -69,7 +70,7 @@ class GroupedCausalConv(nn.Module):
         self.kernel_size, self.group_size = kernel_size, group_size
         self.groups = hidden // group_size
         self.base_kernel = nn.Parameter(torch.empty(2, kernel_size, hidden))
-        self.kernel_projection = nn.Linear(hidden, 2 * kernel_size * self.groups, bias=False)
+        self.kernel_projection = StableLinear(hidden, 2 * kernel_size * self.groups, bias=False)
 
     def _convolve(self, x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
@@ -136,7 +137,7 @@ class MarkovHead(nn.Module):
     def __init__(self, vocab: int, rank: int):
         super().__init__()
         self.markov_w1 = nn.Embedding(vocab, rank)
-        self.markov_w2 = nn.Linear(rank, vocab, bias=False)
+        self.markov_w2 = StableLinear(rank, vocab, bias=False)
 
     def forward(self, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         embed = self.markov_w1(prev)
@@ -148,7 +149,7 @@ class ConfidenceHead(nn.Module):
 
     def __init__(self, in_features: int, bias: bool):
         super().__init__()
-        self.proj = nn.Linear(in_features, 1, bias=bias)
+        self.proj = StableLinear(in_features, 1, bias=bias)
 
     def forward(self, hidden: torch.Tensor, markov_embed: torch.Tensor | None) -> torch.Tensor:
         x = hidden if markov_embed is None else torch.cat([hidden, markov_embed.to(hidden.dtype)], dim=-1)
@@ -164,7 +165,7 @@ class CandidateSelector(nn.Module):
         self.top_k = cfg.selector_top_k
         self.predecessor_codebook = nn.Embedding(cfg.vocab_size, cfg.selector_rank)
         self.successor_codebook = nn.Embedding(cfg.vocab_size, cfg.selector_rank)
-        self.hidden_projection = nn.Linear(cfg.hidden_size, cfg.selector_rank, bias=False)
+        self.hidden_projection = StableLinear(cfg.hidden_size, cfg.selector_rank, bias=False)
 
 
 @dataclass
@@ -180,7 +181,7 @@ class BlockDrafter(nn.Module):
         super().__init__()
         self.config = cfg
         tcfg = target.config
-        self.fc = nn.Linear(len(cfg.target_layer_ids) * tcfg.hidden_size, cfg.hidden_size, bias=False)
+        self.fc = StableLinear(len(cfg.target_layer_ids) * tcfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DrafterLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -189,7 +190,7 @@ class BlockDrafter(nn.Module):
         if cfg.own_embed_tokens:
             self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         if cfg.own_lm_head:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = StableLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.kind == "dspark":
             self.markov_head = MarkovHead(cfg.vocab_size, cfg.markov_rank)
             if cfg.enable_confidence_head:
