@@ -14,7 +14,7 @@ from blockdraft.bench.prompt_sets import load_set
 
 pytestmark = pytest.mark.slow
 
-TOKENS = 40
+TOKENS = 32
 
 
 @pytest.fixture(scope="module")
