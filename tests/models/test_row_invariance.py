@@ -44,13 +44,17 @@ def test_attention_rows_independent_of_queries_and_keys():
                 assert torch.equal(one[:, 0], many[:, i]), (start, i, extra)
 
 
-def test_attention_still_matches_sdpa():
+@pytest.mark.parametrize("tq, tk", [(7, 11), (300, 300)])      # 300 query rows: chunked passes
+def test_attention_still_matches_sdpa(tq, tk):
     g = torch.Generator().manual_seed(2)
-    q, k, v = (torch.randn(1, 4, 7, 16, generator=g), torch.randn(1, 2, 11, 16, generator=g),
-               torch.randn(1, 2, 11, 16, generator=g))
-    vis = causal_visibility(torch.arange(4, 11)[None], torch.arange(11)[None])
+    q, k, v = (torch.randn(1, 4, tq, 16, generator=g), torch.randn(1, 2, tk, 16, generator=g),
+               torch.randn(1, 2, tk, 16, generator=g))
+    vis = causal_visibility(torch.arange(tk - tq, tk)[None], torch.arange(tk)[None])
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=vis, scale=0.25, enable_gqa=True)
-    assert torch.allclose(attend(q, k, v, vis, 0.25), ref.transpose(1, 2).reshape(1, 7, 64), atol=1e-6)
+    assert torch.allclose(attend(q, k, v, vis, 0.25), ref.transpose(1, 2).reshape(1, tq, 64), atol=1e-5)
+    qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    whole = attend(qb, kb, vb, vis, 0.25)
+    assert torch.equal(attend(qb[:, :, -3:], kb, vb, vis[:, :, -3:], 0.25), whole[:, -3:])
 
 
 @pytest.fixture(scope="module")

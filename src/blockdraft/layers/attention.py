@@ -18,7 +18,6 @@ import torch
 from torch.nn import functional as F
 
 
-
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None,
            scale: float) -> torch.Tensor:
     """q [b, h, tq, d], k/v [b, hkv, tk, d] -> [b, tq, h*d]."""
@@ -35,9 +34,21 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
 
 
 KEY_BLOCK = 64
+QUERY_CHUNK = 128      # query rows per pass: bounds the float64 score tensor on long prefills
 
 
 def _row_stable(q, k, v, visible, scale: float, groups: int) -> torch.Tensor:
+    tq = q.shape[2]
+    if tq <= QUERY_CHUNK:
+        return _row_stable_chunk(q, k, v, visible, scale, groups)
+    parts = []
+    for lo in range(0, tq, QUERY_CHUNK):               # rows are independent: chunking changes no bits
+        vis = None if visible is None else visible[:, :, lo:lo + QUERY_CHUNK]
+        parts.append(_row_stable_chunk(q[:, :, lo:lo + QUERY_CHUNK], k, v, vis, scale, groups))
+    return torch.cat(parts, dim=2)
+
+
+def _row_stable_chunk(q, k, v, visible, scale: float, groups: int) -> torch.Tensor:
     """softmax(q k^T * scale) v whose bits for a query row depend only on that row, the keys it
     sees and its mask, at SDPA's precision (fp32-or-better scores, bf16 weights, wide sums).
 
