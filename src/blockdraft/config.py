@@ -89,6 +89,12 @@ class TargetConfig(DecoderDims):
 TAP_POINTS = ("hidden_states", "layer_output")
 
 
+def default_tap_point(kind: str) -> str:
+    """DESIGN.md §2: DeepSpec DSpark and its ports hook layer outputs; z-lab DFlash/DFlash2 read
+    HF hidden_states. Used when a config does not say."""
+    return "layer_output" if kind == "dspark" else "hidden_states"
+
+
 @dataclass(frozen=True)
 class Taps:
     """What the target hands a drafter: these layers, read at this point, packed in this order."""

@@ -69,6 +69,16 @@ def default_cache_budget(target, drafter, max_len: int, max_batch: int, block: i
     return (tokens + ring) * bytes_per_token
 
 
+def sized_engine(target, drafter, max_batch: int, max_len: int, eos_ids: frozenset[int],
+                 adaptive_speculation: bool = True) -> LLMEngine:
+    """An engine whose cache holds `max_batch` sequences of `max_len` tokens (rounded up to whole
+    cache blocks): what bench and teacher-data generation run."""
+    max_len = -(-max_len // 16) * 16
+    return LLMEngine(target, drafter, EngineConfig(
+        max_batch=max_batch, max_model_len=max_len, adaptive_speculation=adaptive_speculation,
+        cache_budget_bytes=default_cache_budget(target, drafter, max_len, max_batch)), eos_ids)
+
+
 class LLM:
     def __init__(self, target: str | Path | None = None, drafter: str | Path | None = "default",
                  mode: str | None = None, dtype: str | None = None, max_batch: int = 8,
@@ -93,7 +103,7 @@ class LLM:
         else:
             target_dir = Path(target)
         self.target = load_target(target_dir, dtype)
-        self.numerics = describe(dtype)
+        self.numerics = describe(self.target.dtype)
         self.drafter_dir = drafter_dir
         self.drafter = load_drafter(drafter_dir, self.target, mode=mode, block_size=block_size) \
             if drafter_dir is not None else None

@@ -20,19 +20,10 @@ from .config import DrafterConfig, TargetConfig
 from .errors import CheckpointError, ConfigError
 from .models.drafter import BlockDrafter
 from .models.target import TargetModel
+from .numerics import torch_dtype
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
-
-
-def _dtype(name: str | torch.dtype) -> torch.dtype:
-    if isinstance(name, torch.dtype):
-        return name
-    if name not in DTYPES:
-        raise ConfigError(f"dtype {name!r} is not supported (choose from {sorted(DTYPES)})")
-    return DTYPES[name]
 
 
 def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32") -> TargetModel:
@@ -45,7 +36,7 @@ def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32") -> 
     with torch.device("meta"):
         model = TargetModel(cfg)
     optional = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
-    assign_weights(model, tensors, _dtype(dtype), f"target {model_dir}", optional)
+    assign_weights(model, tensors, torch_dtype(dtype), f"target {model_dir}", optional)
     model.tie_weights()
     model.source_dir = model_dir
     return model.eval().requires_grad_(False)
@@ -115,6 +106,6 @@ def load_drafter(drafter_dir: str | Path, target: TargetModel, mode: str | None 
     check_drafter_fits(cfg, target.config, shapes)
     with torch.device("meta"):
         drafter = BlockDrafter(cfg, target)
-    assign_weights(drafter, tensors, _dtype(dtype) if dtype else target.dtype, f"drafter {drafter_dir}")
+    assign_weights(drafter, tensors, torch_dtype(dtype) if dtype else target.dtype, f"drafter {drafter_dir}")
     drafter.source_dir = drafter_dir
     return drafter.eval().requires_grad_(False)

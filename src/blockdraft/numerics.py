@@ -19,9 +19,21 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import torch
+
 from .errors import ConfigError
 
-DTYPE_CHOICES = ("auto", "float32", "bfloat16")
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def torch_dtype(name: str | torch.dtype) -> torch.dtype:
+    """A dtype name (or dtype) -> torch.dtype; an unknown name is a named error."""
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ConfigError(f"dtype {name!r} is not supported (choose from {sorted(DTYPES)})")
+    return DTYPES[name]
 
 
 @functools.cache
@@ -44,15 +56,15 @@ def native_bf16(flags: frozenset[str] | None = None) -> bool:
 def resolve_dtype(requested: str | None, device: str = "cpu", default_model: bool = False) -> str:
     """`auto`/None -> the dtype to load in; explicit names pass through (validated)."""
     if requested not in (None, "auto"):
-        if requested not in DTYPE_CHOICES:
-            raise ConfigError(f"dtype {requested!r} is not supported (choose from {', '.join(DTYPE_CHOICES)})")
+        torch_dtype(requested)                  # validated here, before anything loads
         return requested
     if default_model or str(device).startswith("cuda"):
         return "bfloat16"
     return "float32"
 
 
-def describe(dtype: str) -> dict:
+def describe(dtype: str | torch.dtype) -> dict:
     """What `--json` reports about the numerics in use."""
-    return {"dtype": dtype, "cpu_native_bf16": native_bf16(),
-            "row_invariant": dtype == "bfloat16"}
+    dt = torch_dtype(dtype)
+    return {"dtype": str(dt).removeprefix("torch."), "cpu_native_bf16": native_bf16(),
+            "row_invariant": dt == torch.bfloat16}

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from ..engine.engine import EngineConfig, LLMEngine
 from ..errors import ConfigError
+from ..llm import sized_engine
 from ..loading import load_drafter, load_target
 from ..sampling.params import SamplingParams
 from ..tokenizer import Tokenizer
@@ -115,7 +115,7 @@ def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig,
         raise ConfigError(f"batch sizes must be >= 1, got {list(cfg.batch_sizes)}")
     longest = max(len(p) for ps in prompts.values() for p in ps) + cfg.max_new_tokens + 1
     adaptive = cfg.adaptive and (tp is None or tp.world == 1)      # timings differ between ranks
-    engines = {m: _engine(target, drafters.get(m), max(cfg.batch_sizes), longest, adaptive, eos)
+    engines = {m: sized_engine(target, drafters.get(m), max(cfg.batch_sizes), longest, frozenset(eos), adaptive)
                for m in modes if m != "hf"}
     bar = None
     if progress:
@@ -167,15 +167,6 @@ def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig,
         bar.close()
     return {"config": asdict(cfg), "target": str(target_dir), "drafters": {k: str(v) for k, v in drafter_dirs.items()},
             "torch_threads": torch.get_num_threads(), "tp": 1 if tp is None else tp.world, "results": results}
-
-
-def _engine(target, drafter, max_batch: int, max_len: int, adaptive: bool, eos: list[int]) -> LLMEngine:
-    from ..llm import default_cache_budget
-
-    max_len = -(-max_len // 16) * 16
-    return LLMEngine(target, drafter, EngineConfig(
-        max_batch=max_batch, max_model_len=max_len, adaptive_speculation=adaptive,
-        cache_budget_bytes=default_cache_budget(target, drafter, max_len, max_batch)), frozenset(eos))
 
 
 def bench_task(tp, payload) -> dict:

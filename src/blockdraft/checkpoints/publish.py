@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ..config import DrafterConfig
+from ..config import DrafterConfig, default_tap_point
 from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
 
@@ -26,7 +26,7 @@ def new_drafter(target: TargetModel, kind: str, num_layers: int, block_size: int
                 seed: int = 0, **extra) -> BlockDrafter:
     t = target.config
     dspark = kind == "dspark"
-    extra.setdefault("tap_point", "layer_output" if dspark else "hidden_states")
+    extra.setdefault("tap_point", default_tap_point(kind))
     cfg = DrafterConfig(kind=kind, vocab_size=t.vocab_size, hidden_size=t.hidden_size,
                         intermediate_size=t.intermediate_size, num_layers=num_layers, num_heads=t.num_heads,
                         num_kv_heads=t.num_kv_heads, head_dim=t.head_dim, target_layer_ids=tuple(target_layer_ids),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..config import DRAFTER_KINDS, DrafterConfig, RopeConfig, TargetConfig
+from ..config import DRAFTER_KINDS, DrafterConfig, RopeConfig, TargetConfig, default_tap_point
 from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -248,7 +248,7 @@ def resolve_drafter(cfg: dict, tensor_shapes: dict[str, tuple[int, ...]], mode: 
         selector_rank=int(field("selector_rank", 0)),
         own_embed_tokens="embed_tokens.weight" in tensor_shapes,
         own_lm_head="lm_head.weight" in tensor_shapes,
-        tap_point=str(field("tap_point", "layer_output" if kind == "dspark" else "hidden_states")),
+        tap_point=str(field("tap_point", default_tap_point(kind))),
     )
 
 

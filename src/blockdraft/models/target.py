@@ -16,10 +16,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..layers.linear import StableLinear
-
 from ..config import Taps, TargetConfig
 from ..layers.attention import attend
+from ..layers.linear import StableLinear
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary, apply_rope
 from .kv_cache import KVCache

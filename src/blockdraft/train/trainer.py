@@ -22,8 +22,8 @@ import torch
 
 from ..checkpoints.publish import save_drafter
 from ..config import Taps
-from ..errors import RequestError
 from ..decode import generate_one
+from ..errors import RequestError
 from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
 from ..sampling.params import SamplingParams
@@ -57,14 +57,9 @@ class TeacherSeq:
 
 def _greedy_responses(target: TargetModel, prompts: list[list[int]], new_tokens: int, eos_ids: frozenset[int],
                       max_batch: int, progress: bool) -> list[list[int]]:
-    from ..cache.plan import KVGeometry
-    from ..engine.engine import EngineConfig, LLMEngine
+    from ..llm import sized_engine
 
-    longest = -(-(max(len(p) for p in prompts) + new_tokens) // 16) * 16     # a whole number of cache blocks
-    blocks = max_batch * (longest // 16 + 2) + 16
-    engine = LLMEngine(target, None, EngineConfig(
-        max_batch=max_batch, max_model_len=longest, adaptive_speculation=False,
-        cache_budget_bytes=blocks * 16 * KVGeometry.of(target.config, target).bytes_per_token), eos_ids)
+    engine = sized_engine(target, None, max_batch, max(len(p) for p in prompts) + new_tokens, eos_ids)
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=not eos_ids)
     bar = None
     if progress:
