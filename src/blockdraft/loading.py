@@ -99,6 +99,9 @@ def load_drafter(drafter_dir: str | Path, target: TargetModel, mode: str | None 
     runtime_path = drafter_dir / "genai_config.json"
     runtime = read_json(runtime_path) if runtime_path.is_file() else None
     tensors = canonical_tensor_names(strip_prefix(load_state_dict(drafter_dir), "model.", "drafter"))
+    for name, dtype_ in (("d2t", torch.long), ("t2d", torch.bool)):   # stored as any integer / float type
+        if name in tensors:
+            tensors[name] = tensors[name].to(dtype_)
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
     cfg = resolve_drafter(raw, shapes, mode=mode, runtime=runtime)
     if block_size is not None:
@@ -107,5 +110,6 @@ def load_drafter(drafter_dir: str | Path, target: TargetModel, mode: str | None 
     with torch.device("meta"):
         drafter = BlockDrafter(cfg, target)
     assign_weights(drafter, tensors, torch_dtype(dtype) if dtype else target.dtype, f"drafter {drafter_dir}")
+    drafter.check_vocab_map(f"drafter {drafter_dir}")
     drafter.source_dir = drafter_dir
     return drafter.eval().requires_grad_(False)

@@ -192,3 +192,38 @@ def test_dspark_loss_without_target_logits_is_a_named_error(target, drafters):
     block = blocks_at(drafter, seq.taps, seq.final, seq.ids, torch.tensor([3, 5]))      # no head: no logits
     with pytest.raises(ConfigError, match="dspark_loss needs the target's logits"):
         dspark_loss(drafter, block)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_teacher_forcing_recomputes_the_runtime_taps(dtype):
+    """Training taps come from one teacher-forced pass over prompt + response, padded beside a longer
+    sequence; the runtime computes them in a prefill and then verify blocks of varying size. In bf16
+    (the default numerics) they must be the same bits; fp32 MKL GEMMs are not row-invariant."""
+    from blockdraft.config import Taps
+    from blockdraft.loading import load_target
+    from blockdraft.train.trainer import TeacherSeq, _joint_taps, _taps_for, teacher_force
+
+    target = load_target(ASSETS / "target-qwen3", dtype=dtype)
+    g = torch.Generator().manual_seed(5)
+    ids, other = torch.randint(0, 124, (70,), generator=g), torch.randint(0, 124, (90,), generator=g)
+    flash = new_drafter(target, "dflash", 1, 4, (1, 3), 126)                 # last layer at hidden_states
+    spark = new_drafter(target, "dspark", 1, 4, (0, 3), 126, markov_rank=4)  # ... and at layer_output
+    joint = _joint_taps({"a": flash, "b": spark}, target)
+    forced = teacher_force(target, [TeacherSeq(ids, None, None, 20), TeacherSeq(other, None, None, 20)], joint)[0]
+    cache = target.new_cache(1, 80)
+    for drafter in (flash, spark):
+        out = target(ids[None, :20], cache, drafter.config.taps, logits_rows=1)
+        cache.truncate(20)
+        rows, start = [out.taps], 20
+        for size in (1, 5, 3, 9, 2, 7, 1, 8, 4, 10):                          # verify blocks as decoding sends them
+            rows.append(target(ids[None, start:start + size], cache, drafter.config.taps).taps)
+            start += size
+            cache.truncate(start)
+        runtime = torch.cat(rows, dim=1)                                        # [1, 70, F]
+        trained = _taps_for(drafter, forced, joint, target.config.num_layers - 1)
+        if dtype == torch.bfloat16:
+            assert torch.equal(trained, runtime)
+        else:
+            torch.testing.assert_close(trained, runtime, rtol=1e-5, atol=1e-5)
+        cache.truncate(0)
+    assert not torch.equal(_taps_for(flash, forced, joint, 3)[..., -64:], forced.taps[..., -64:])  # the norm differs

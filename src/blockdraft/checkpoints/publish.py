@@ -8,6 +8,7 @@ packages) read back.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -23,10 +24,17 @@ SUFFIXLESS = ("candidate_selector.predecessor_codebook", "candidate_selector.suc
 
 def new_drafter(target: TargetModel, kind: str, num_layers: int, block_size: int,
                 target_layer_ids: tuple[int, ...], mask_token_id: int, markov_rank: int = 64,
-                seed: int = 0, **extra) -> BlockDrafter:
+                seed: int = 0, draft_vocab: torch.Tensor | None = None, **extra) -> BlockDrafter:
+    """`draft_vocab` (sorted target ids) prunes the drafter's vocabulary: it gets its own LM head,
+    initialised from the target's rows for those ids, and the d2t/t2d maps."""
     t = target.config
     dspark = kind == "dspark"
     extra.setdefault("tap_point", default_tap_point(kind))
+    if draft_vocab is not None:
+        draft_vocab = torch.as_tensor(draft_vocab, dtype=torch.long)
+        if not bool((draft_vocab[1:] > draft_vocab[:-1]).all()):
+            raise ValueError("draft_vocab must be strictly increasing target ids")
+        extra.update(draft_vocab_size=len(draft_vocab), own_lm_head=True)
     cfg = DrafterConfig(kind=kind, vocab_size=t.vocab_size, hidden_size=t.hidden_size,
                         intermediate_size=t.intermediate_size, num_layers=num_layers, num_heads=t.num_heads,
                         num_kv_heads=t.num_kv_heads, head_dim=t.head_dim, target_layer_ids=tuple(target_layer_ids),
@@ -43,6 +51,10 @@ def new_drafter(target: TargetModel, kind: str, num_layers: int, block_size: int
                 p.zero_()
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+        if draft_vocab is not None:
+            drafter.d2t.copy_(draft_vocab - torch.arange(len(draft_vocab)))
+            drafter.t2d.zero_()[draft_vocab] = True
+            drafter.lm_head.weight.copy_(target.lm_head.weight.detach()[draft_vocab])
     return drafter.eval()
 
 
@@ -59,6 +71,8 @@ def published_config(cfg: DrafterConfig, target: TargetModel) -> dict:
            "num_target_layers": target.config.num_layers, "block_size": cfg.block_size,
            "layer_types": list(cfg.layer_types), "torch_dtype": "bfloat16",
            "tap_point": cfg.tap_point}  # the value of each tapped layer it was trained on
+    if cfg.pruned_vocab:  # speculators / EAGLE-3 spelling; d2t and t2d ride in model.safetensors
+        out["draft_vocab_size"] = cfg.draft_vocab_size
     if cfg.sliding_window is not None:
         out.update(sliding_window=cfg.sliding_window, use_sliding_window=cfg.use_sliding_window)
     if cfg.kind == "dspark":  # DeepSeek DeepSpec: top-level keys
@@ -82,7 +96,29 @@ def save_drafter(drafter: BlockDrafter, target: TargetModel, out_dir: str | Path
     tensors = {}
     for name, t in drafter.state_dict().items():
         key = name[: -len(".weight")] if name[: -len(".weight")] in SUFFIXLESS else name
-        tensors[key] = t.detach().to(torch.bfloat16).contiguous()
+        tensors[key] = (t.detach().to(torch.bfloat16) if t.is_floating_point() else t.detach()).contiguous()
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(published_config(drafter.config, target), indent=2) + "\n")
     return out_dir
+
+
+def prune_vocabulary(drafter: BlockDrafter, target: TargetModel, draft_vocab: torch.Tensor) -> BlockDrafter:
+    """A copy of `drafter` whose logits cover only `draft_vocab` (sorted target ids): its LM head and
+    Markov W2 keep those rows. With every id kept it drafts exactly what the original drafts."""
+    cfg = drafter.config
+    if cfg.pruned_vocab:
+        raise ValueError("the drafter's vocabulary is already pruned")
+    draft_vocab = torch.as_tensor(draft_vocab, dtype=torch.long)
+    pruned_cfg = dataclasses.replace(cfg, draft_vocab_size=len(draft_vocab), own_lm_head=True)
+    pruned = BlockDrafter(pruned_cfg, target).to(drafter.dtype)
+    state = {k: v for k, v in drafter.state_dict().items()}
+    head = drafter.lm_head if cfg.own_lm_head else drafter.shared.lm_head
+    state["lm_head.weight"] = head.weight.detach()[draft_vocab]
+    if cfg.kind == "dspark":
+        state["markov_head.markov_w2.weight"] = state["markov_head.markov_w2.weight"][draft_vocab]
+    state["d2t"] = draft_vocab - torch.arange(len(draft_vocab))
+    state["t2d"] = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    state["t2d"][draft_vocab] = True
+    pruned.load_state_dict(state)
+    pruned.check_vocab_map("pruned drafter")
+    return pruned.eval().requires_grad_(False)

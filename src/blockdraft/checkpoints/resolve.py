@@ -22,7 +22,8 @@ _MISSING = object()
 DRAFTER_SPELLINGS: dict[str, list[str]] = {
     "tap_point": ["dflash_config.tap_point", "dspark_config.tap_point", "tap_point", "dspark_tap_point"],
     "target_layer_ids": ["dflash_config.target_layer_ids", "dspark_config.target_layer_ids",
-                         "target_layer_ids", "dspark_target_layer_ids"],
+                         "target_layer_ids", "dspark_target_layer_ids", "aux_hidden_state_layer_ids"],
+    "draft_vocab_size": ["draft_vocab_size", "dflash_config.draft_vocab_size", "dspark_config.draft_vocab_size"],
     "mask_token_id": ["dflash_config.mask_token_id", "dspark_config.mask_token_id", "mask_token_id",
                       "dspark_mask_token_id", "dspark_noise_token_id"],
     "block_size": ["dflash_config.block_size", "dspark_config.block_size", "block_size", "dspark_block_size"],
@@ -54,7 +55,13 @@ ARCHITECTURE_KINDS = {
     "DFlash2DraftModel": "dflash2",
     "Qwen3DSparkModel": "dspark",
     "DSparkDraftModel": "dspark",
+    "DFlashSpeculator": "dflash",     # vLLM speculators
+    "DSparkSpeculator": "dspark",
 }
+
+# speculators keeps the decoder shape under `transformer_layer_config` and names the algorithm here
+SPECULATORS_KINDS = {"dflash": "dflash", "dflash2": "dflash2", "dspark": "dspark"}
+TRAINING_ONLY_TENSORS = ("verifier_lm_head.weight", "verifier_norm.weight")
 
 # Keys that change what a drafter proposes and that blockdraft does not implement.
 REFUSED_KEYS = {
@@ -185,8 +192,9 @@ def runtime_json_section(runtime: dict) -> dict:
 
 
 def canonical_tensor_names(tensors: dict) -> dict:
-    """Rename bare / suffix-less head tensors to the module-qualified names the model uses."""
-    out = dict(tensors)
+    """Rename bare / suffix-less head tensors to the module-qualified names the model uses; drop
+    tensors only training reads (speculators' frozen verifier head and norm)."""
+    out = {k: v for k, v in tensors.items() if k not in TRAINING_ONLY_TENSORS}
     for canonical, spellings in MARKOV_TENSORS.items():
         present = [s for s in spellings if s in out]
         if len(present) > 1:
@@ -197,9 +205,26 @@ def canonical_tensor_names(tensors: dict) -> dict:
     return out
 
 
+def flatten_speculators(cfg: dict) -> dict:
+    """A vLLM speculators config (`speculators_model_type`, `transformer_layer_config`) -> flat keys."""
+    if "transformer_layer_config" not in cfg and "speculators_model_type" not in cfg:
+        return cfg
+    kind = cfg.get("speculators_model_type")
+    if kind not in SPECULATORS_KINDS:
+        raise ConfigError(f"speculators_model_type={kind!r} is not a block drafter "
+                          f"(supported: {sorted(SPECULATORS_KINDS)})")
+    layer = cfg.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise ConfigError("speculators config has no transformer_layer_config object (the drafter's decoder shape)")
+    flat = {**layer, **{k: v for k, v in cfg.items() if k != "transformer_layer_config"}}
+    flat.setdefault("speculators_kind", SPECULATORS_KINDS[kind])
+    return flat
+
+
 def resolve_drafter(cfg: dict, tensor_shapes: dict[str, tuple[int, ...]], mode: str | None = None,
                     runtime: dict | None = None) -> DrafterConfig:
     """Build the one DrafterConfig from config.json, tensor shapes, an explicit mode and runtime JSON."""
+    cfg = flatten_speculators(cfg)
     for key, what in REFUSED_KEYS.items():
         if key in cfg:
             raise ConfigError(f"config key {key!r} ({what}) changes drafting and is not supported")
@@ -249,7 +274,31 @@ def resolve_drafter(cfg: dict, tensor_shapes: dict[str, tuple[int, ...]], mode: 
         own_embed_tokens="embed_tokens.weight" in tensor_shapes,
         own_lm_head="lm_head.weight" in tensor_shapes,
         tap_point=str(field("tap_point", default_tap_point(kind))),
+        draft_vocab_size=_draft_vocab_size(merged, tensor_shapes, dims["vocab_size"]),
     )
+
+
+def _draft_vocab_size(cfg: dict, shapes: dict, vocab: int) -> int:
+    """0 (whole vocabulary) or the pruned size; config, d2t/t2d and lm_head rows must agree."""
+    configured = read_field(cfg, "draft_vocab_size")
+    d2t, t2d, head = shapes.get("d2t"), shapes.get("t2d"), shapes.get("lm_head.weight")
+    if (d2t is None) != (t2d is None):
+        raise ConfigError(f"vocabulary map is incomplete: need both d2t and t2d (found d2t={d2t}, t2d={t2d})")
+    if d2t is None:
+        if head is not None and head[0] != vocab:
+            raise ConfigError(f"lm_head.weight has {head[0]} rows for vocab_size={vocab} and no d2t/t2d "
+                              "maps a draft vocabulary onto the target's")
+        if configured is not _MISSING and int(configured) not in (0, vocab) and shapes:
+            raise ConfigError(f"draft_vocab_size={configured} but the weights have no d2t/t2d vocabulary map")
+        return 0 if configured is _MISSING or int(configured) == vocab or shapes else int(configured)
+    size = d2t[0]
+    if t2d[0] != vocab:
+        raise ConfigError(f"t2d has {t2d[0]} entries but vocab_size={vocab}")
+    if configured is not _MISSING and int(configured) != size:
+        raise ConfigError(f"draft_vocab_size={configured} in config but d2t has {size} entries")
+    if head is not None and head[0] != size:
+        raise ConfigError(f"lm_head.weight has {head[0]} rows but the draft vocabulary (d2t) has {size}")
+    return size
 
 
 def _has_dspark_heads(cfg: dict, shapes: dict) -> list[str]:
@@ -270,6 +319,8 @@ def _resolve_kind(cfg: dict, shapes: dict, mode: str | None) -> str:
     runtime = cfg.get("runtime")
     if runtime:
         sources.append((f"runtime JSON model.{runtime['kind']}", runtime["kind"]))
+    if "speculators_kind" in cfg:
+        sources.append((f"speculators_model_type={cfg['speculators_kind']}", cfg["speculators_kind"]))
     projector = _lookup(cfg, "dflash_config.projector_type")
     for arch in cfg.get("architectures") or []:
         if arch == "DFlashDraftModel" and projector == "dspark":

@@ -80,7 +80,8 @@ def assign_weights(model: nn.Module, tensors: dict[str, torch.Tensor], dtype: to
         if name in tensors and tuple(tensors[name].shape) != tuple(param.shape):
             raise CheckpointError(f"{what}: tensor {name} has shape {tuple(tensors[name].shape)}, "
                                   f"config implies {tuple(param.shape)}")
-    model.load_state_dict({n: t.to(dtype) for n, t in tensors.items()}, strict=False, assign=True)
+    model.load_state_dict({n: t.to(dtype) if t.is_floating_point() else t for n, t in tensors.items()},
+                          strict=False, assign=True)
 
 
 def strip_prefix(tensors: dict[str, torch.Tensor], prefix: str, what: str) -> dict[str, torch.Tensor]:

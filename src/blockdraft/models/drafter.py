@@ -132,12 +132,15 @@ class DrafterLayer(nn.Module):
 
 
 class MarkovHead(nn.Module):
-    """DSpark low-rank transition bias: bias(prev) = W2(W1[prev]) in fp32, [.., vocab]."""
+    """DSpark low-rank transition bias: bias(prev) = W2(W1[prev]) in fp32, [.., out_vocab].
 
-    def __init__(self, vocab: int, rank: int):
+    W1 is read at the previous token's target id; W2 scores the draft vocabulary (the whole
+    vocabulary unless the drafter prunes it)."""
+
+    def __init__(self, vocab: int, rank: int, out_vocab: int | None = None):
         super().__init__()
         self.markov_w1 = nn.Embedding(vocab, rank)
-        self.markov_w2 = StableLinear(rank, vocab, bias=False)
+        self.markov_w2 = StableLinear(rank, out_vocab or vocab, bias=False)
 
     def forward(self, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         embed = self.markov_w1(prev)
@@ -190,9 +193,12 @@ class BlockDrafter(nn.Module):
         if cfg.own_embed_tokens:
             self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         if cfg.own_lm_head:
-            self.lm_head = StableLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = StableLinear(cfg.hidden_size, cfg.output_vocab_size, bias=False)
+        if cfg.pruned_vocab:  # speculators / EAGLE-3: target id = draft id + d2t[draft id]; t2d marks kept ids
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         if cfg.kind == "dspark":
-            self.markov_head = MarkovHead(cfg.vocab_size, cfg.markov_rank)
+            self.markov_head = MarkovHead(cfg.vocab_size, cfg.markov_rank, cfg.output_vocab_size)
             if cfg.enable_confidence_head:
                 extra = cfg.markov_rank if cfg.confidence_head_with_markov else 0
                 self.confidence_head = ConfidenceHead(cfg.hidden_size + extra, cfg.confidence_bias)
@@ -212,10 +218,48 @@ class BlockDrafter(nn.Module):
             return self.embed_tokens(ids)
         return self.shared.embed_tokens(ids) * self.config.input_embedding_scale
 
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids -> target ids (identity without a pruned vocabulary)."""
+        return draft_ids + self.d2t[draft_ids] if self.config.pruned_vocab else draft_ids
+
+    def to_draft(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids -> draft-vocabulary ids, -1 where the draft vocabulary lacks the token."""
+        if not self.config.pruned_vocab:
+            return target_ids
+        index = torch.cumsum(self.t2d.long(), 0) - 1                                      # [V]
+        return torch.where(self.t2d[target_ids], index[target_ids], torch.full_like(target_ids, -1))
+
+    def to_target_vocab(self, values: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """[.., draft vocab] -> [.., vocab]: each draft column at its target id, `fill` elsewhere."""
+        if not self.config.pruned_vocab:
+            return values
+        out = values.new_full((*values.shape[:-1], self.config.vocab_size), fill)
+        return out.index_copy_(-1, self.to_target(torch.arange(values.shape[-1], device=values.device)), values)
+
+    def check_vocab_map(self, what: str) -> None:
+        """d2t and t2d must describe the same `draft_vocab_size` target ids (named error if not)."""
+        if not self.config.pruned_vocab:
+            return
+        n, kept = self.config.draft_vocab_size, int(self.t2d.sum())
+        if kept != n:
+            raise ConfigError(f"{what}: t2d marks {kept} target ids but draft_vocab_size={n}")
+        ids = self.to_target(torch.arange(n, device=self.d2t.device))
+        if bool((ids < 0).any() | (ids >= self.config.vocab_size).any()):
+            raise ConfigError(f"{what}: d2t maps draft ids outside the target vocabulary [0, {self.config.vocab_size})")
+        expected = torch.nonzero(self.t2d)[:, 0]
+        if not torch.equal(ids, expected):
+            bad = int(torch.nonzero(ids != expected)[0, 0])
+            raise ConfigError(f"{what}: d2t and t2d disagree at draft id {bad} (d2t -> {int(ids[bad])}, "
+                              f"t2d's {bad}-th kept id is {int(expected[bad])})")
+
     def logits(self, hidden: torch.Tensor, shard: bool = False) -> torch.Tensor:
-        """Draft logits [.., vocab]: LM head × output_multiplier, then soft-capping if configured.
+        """Draft logits [.., output vocab]: LM head × output_multiplier, then soft-capping if configured.
+        Columns are draft-vocabulary ids when the vocabulary is pruned (`to_target` maps them).
         `shard`: only this rank's vocabulary slice (a tensor-parallel head)."""
         head = self.lm_head if self.config.own_lm_head else self.shared.lm_head
+        weight = getattr(head, "weight", None)
+        if weight is not None and weight.dtype != hidden.dtype:   # an fp32 drafter in training over a bf16 target
+            hidden = hidden.to(weight.dtype)
         logits = (head.local(hidden) if shard else head(hidden)) * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         if cap:
@@ -250,7 +294,7 @@ class BlockDrafter(nn.Module):
     def block_hidden_of(self, ids: torch.Tensor, ctx, block_valid: torch.Tensor | None = None) -> torch.Tensor:
         """Final hidden [b, rows, D] of block token ids [b, rows] over a `ContextRead` (whose `valid`
         entries may be None: every context row is real, as in an exported graph)."""
-        x = self.embed(ids)
+        x = self.embed(ids).to(self.dtype)
         q_pos = ctx.start[:, None] + torch.arange(ids.shape[1], device=ids.device)            # [b, rows]
         bv = torch.ones_like(q_pos, dtype=torch.bool) if block_valid is None else block_valid
         cos, sin = self.rotary.cos_sin(q_pos, x.dtype)

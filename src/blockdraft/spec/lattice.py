@@ -32,8 +32,12 @@ def _predecessors(anchor: torch.Tensor, candidates: torch.Tensor) -> torch.Tenso
     return torch.cat([first, candidates[:, :-1]], dim=1)
 
 
-def dspark_lattice(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead, k: int) -> Lattice:
+def dspark_lattice(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead, k: int,
+                   to_target=None) -> Lattice:
     """logits [b, n, V] (before the Markov bias) -> lattice with edges W1[pred] · W2[cand].
+
+    With a pruned vocabulary, logits and W2 rows are draft ids; `to_target` maps the candidates
+    to the target ids the lattice carries (and W1 reads).
 
     Under tensor parallelism (`head` vocab-sharded, `logits` this rank's shard) the top-K is
     global and each rank scores the candidates whose W2 rows it holds; one all-reduce sums them."""
@@ -42,7 +46,8 @@ def dspark_lattice(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead,
         unary, cand = shard_topk(logits, k, head.lo, head.tp)
     else:
         unary, cand = topk_lowest_id(logits.float(), k)                  # [b, n, K]
-    pred_embed = head.markov_w1(_predecessors(anchor, cand)).float()     # [b, n, K, r]
+    cand_ids = cand if to_target is None else to_target(cand)            # [b, n, K] target ids
+    pred_embed = head.markov_w1(_predecessors(anchor, cand_ids)).float()  # [b, n, K, r]
     if sharded:
         mine = (cand >= head.lo) & (cand < head.hi)
         succ = head.markov_w2.weight.float()[(cand - head.lo).clamp(0, head.hi - head.lo - 1)] * mine[..., None]
@@ -50,13 +55,16 @@ def dspark_lattice(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead,
     else:
         succ = head.markov_w2.weight.float()[cand]                       # [b, n, K, r]
         edges = torch.einsum("bipr,bijr->bipj", pred_embed, succ)
-    return Lattice(cand, unary[:, :, None, :] + edges)
+    return Lattice(cand_ids, unary[:, :, None, :] + edges)
 
 
 def dflash2_lattice(logits: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor,
-                    selector: CandidateSelector) -> Lattice:
-    """Edges (P[pred] ∘ proj(h_i)) · S[cand] as DFlash2's candidate selector defines them."""
+                    selector: CandidateSelector, to_target=None) -> Lattice:
+    """Edges (P[pred] ∘ proj(h_i)) · S[cand] as DFlash2's candidate selector defines them
+    (codebooks are read at target ids; `to_target` maps a pruned vocabulary's candidates)."""
     unary, cand = topk_lowest_id(logits.float(), selector.top_k)
+    if to_target is not None:
+        cand = to_target(cand)
     proj = F.linear(hidden.float(), selector.hidden_projection.weight.float())   # [b, n, r]
     pred_embed = selector.predecessor_codebook.weight.float()[_predecessors(anchor, cand)] * proj[:, :, None]
     succ = selector.successor_codebook.weight.float()[cand]
@@ -72,8 +80,8 @@ def block_lattice(drafter, hidden: torch.Tensor, anchor: torch.Tensor, top_k: in
     slots = draft_slots(drafter, hidden, drafter.config.num_draft_tokens)               # [b, n, D]
     logits = drafter.logits(slots)                                                      # [b, n, V]
     if drafter.config.kind == "dspark":
-        return dspark_lattice(logits, anchor, drafter.markov_head, top_k)
-    return dflash2_lattice(logits, slots, anchor, drafter.candidate_selector)
+        return dspark_lattice(logits, anchor, drafter.markov_head, top_k, drafter.to_target)
+    return dflash2_lattice(logits, slots, anchor, drafter.candidate_selector, drafter.to_target)
 
 
 def walk(lattice: Lattice, params: SamplingParams, generator: torch.Generator | None,

@@ -30,8 +30,10 @@ class Proposal:
 
 
 def markov_chain(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead, params: SamplingParams,
-                 generator: torch.Generator | None):
-    """Chained DSpark proposal over the full vocabulary. Returns tokens [b, n], probs, W1 embeds [b, n, r].
+                 generator: torch.Generator | None, to_target=None):
+    """Chained DSpark proposal over the full (draft) vocabulary. Returns target-id tokens [b, n],
+    probs over the draft vocabulary, W1 embeds [b, n, r]. `to_target` maps draft ids to target ids
+    (a pruned vocabulary); each slot's W1 is read at the previous token's target id.
 
     Under tensor parallelism `head` is a `ShardedMarkovHead` and `logits` this rank's vocabulary
     shard: the bias is added to the shard, the argmax is global (ties → lowest id) and sampling
@@ -47,6 +49,8 @@ def markov_chain(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead, p
         else:
             probs.append(sampling_probs(head.gather(slot_logits) if sharded else slot_logits, params))
             prev = sample_from(probs[-1], generator)
+        if to_target is not None:
+            prev = to_target(prev)
         tokens.append(prev)
         embeds.append(embed)
     return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None), torch.stack(embeds, 1)
@@ -93,14 +97,21 @@ def choose_drafts(drafter: BlockDrafter, hidden: torch.Tensor, anchor: torch.Ten
     if cfg.kind == "dflash":
         probs = None if params.greedy else sampling_probs(logits, params)
         tokens = logits.argmax(-1) if probs is None else sample_from(probs, generator)
-        return Proposal(tokens, probs)
+        return Proposal(drafter.to_target(tokens), _target_probs(drafter, probs))
     if cfg.kind == "dflash2":
-        lattice = dflash2_lattice(logits, hidden, anchor, drafter.candidate_selector)
+        lattice = dflash2_lattice(logits, hidden, anchor, drafter.candidate_selector, drafter.to_target)
         tokens, probs = walk(lattice, params, generator, cfg.vocab_size)
         return Proposal(tokens, probs)
-    tokens, probs, embeds = markov_chain(logits, anchor, drafter.markov_head, params, generator)
+    to_target = drafter.to_target if cfg.pruned_vocab else None
+    tokens, probs, embeds = markov_chain(logits, anchor, drafter.markov_head, params, generator, to_target)
+    probs = _target_probs(drafter, probs)
     confidence = None
     if cfg.enable_confidence_head:
         conf_logits = drafter.confidence_head(hidden, embeds if cfg.confidence_head_with_markov else None)
         confidence = torch.sigmoid(conf_logits)
     return Proposal(tokens, probs, confidence)
+
+
+def _target_probs(drafter: BlockDrafter, probs: torch.Tensor | None) -> torch.Tensor | None:
+    """Draft-vocabulary distributions [b, n, Vd] -> over target ids [b, n, V] (zero off the draft vocabulary)."""
+    return None if probs is None else drafter.to_target_vocab(probs)

@@ -73,11 +73,19 @@ def _weighted(values: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (values * w).sum() / w.sum().clamp_min(1e-6)
 
 
+def _draft_labels(drafter: BlockDrafter, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target-id labels -> draft-vocabulary labels and a mask of those the draft vocabulary holds
+    (a pruned drafter cannot propose the others: they carry no cross-entropy)."""
+    ids = drafter.to_draft(labels)
+    return ids.clamp_min(0), (ids >= 0).float()
+
+
 def dflash_loss(drafter: BlockDrafter, block: Block, gamma: float = 4.0) -> dict:
     """Cross-entropy per slot, weighted exp(-(k-1)/gamma) for slot k = 1..n."""
-    logits = drafter.logits(block.hidden).float()
-    w = torch.exp(-block.slot.float() / gamma) * block.weight
-    loss = _weighted(F.cross_entropy(logits, block.labels, reduction="none"), w)
+    logits = drafter.logits(block.hidden).float()                              # [N, Vd]
+    labels, covered = _draft_labels(drafter, block.labels)
+    w = torch.exp(-block.slot.float() / gamma) * block.weight * covered
+    loss = _weighted(F.cross_entropy(logits, labels, reduction="none"), w)
     return {"loss": loss, "ce": loss.detach()}
 
 
@@ -88,11 +96,16 @@ def dspark_loss(drafter: BlockDrafter, block: Block, ce_alpha: float = 0.1, l1_a
     if block.target_logits is None:
         raise ConfigError("dspark_loss needs the target's logits: build the block with head=target.lm_head")
     bias, embed = drafter.markov_head(block.prev)
-    z = drafter.logits(block.hidden).float() + bias                            # [N, V]
-    p = torch.softmax(block.target_logits, dim=-1)
+    z = drafter.logits(block.hidden).float() + bias                            # [N, Vd]
+    p = torch.softmax(block.target_logits, dim=-1)                             # [N, V]
+    outside = 0.0
+    if drafter.config.pruned_vocab:  # q is 0 off the draft vocabulary: that part of |q - p| is p's mass there
+        p = p[:, drafter.to_target(torch.arange(z.shape[-1]))]
+        outside = (1 - p.sum(-1)).clamp_min(0)
     w = torch.exp(-block.slot.float() / 4) * block.weight
-    ce = F.cross_entropy(z, block.labels, reduction="none")
-    l1 = (torch.softmax(z, dim=-1) - p).abs().sum(-1)                          # in [0, 2]
+    labels, covered = _draft_labels(drafter, block.labels)
+    ce = F.cross_entropy(z, labels, reduction="none") * covered
+    l1 = (torch.softmax(z, dim=-1) - p).abs().sum(-1) + outside                # in [0, 2]
     loss = _weighted(ce_alpha * ce + l1_alpha * l1, w)
     out = {"ce": _weighted(ce, w).detach(), "l1": _weighted(l1, w).detach()}
     if drafter.config.enable_confidence_head:

@@ -38,16 +38,17 @@ class TrainConfig:
     seqs_per_step: int = 2
     anchors_per_seq: int = 8
     seed: int = 0
-    save_every: int = 50
+    save_every: int = 50              # checkpoint every N steps ...
+    save_every_seconds: float = 600   # ... and at least this often (an interrupted run loses little)
     new_tokens: int = 64
 
 
 @dataclass
 class TeacherSeq:
-    ids: torch.Tensor     # [L] prompt + the target's response
-    taps: torch.Tensor    # [1, L, F] the drafter's tap layers, packed
-    final: torch.Tensor   # [L, H] the target's post-norm last hidden (logits = lm_head(final))
-    response_start: int   # first response position; anchors start one before it
+    ids: torch.Tensor                  # [L] prompt + the target's response
+    taps: torch.Tensor | None          # [1, L, F] the drafter's tap layers, packed (None: recomputed per step)
+    final: torch.Tensor | None         # [L, H] the target's post-norm last hidden (logits = lm_head(final))
+    response_start: int                # first response position; anchors start one before it
 
     @property
     def anchor_range(self) -> tuple[int, int]:
@@ -55,8 +56,10 @@ class TeacherSeq:
         return max(1, self.response_start - 1), len(self.ids) - 1
 
 
-def _greedy_responses(target: TargetModel, prompts: list[list[int]], new_tokens: int, eos_ids: frozenset[int],
-                      max_batch: int, progress: bool) -> list[list[int]]:
+def teacher_responses(target: TargetModel, prompts: list[list[int]], new_tokens: int,
+                      eos_ids: frozenset[int] = frozenset(), max_batch: int = 32,
+                      progress: bool = False) -> list[list[int]]:
+    """The target's greedy continuation of each prompt (stopping at `eos_ids`), by the batch engine."""
     from ..llm import sized_engine
 
     engine = sized_engine(target, None, max_batch, max(len(p) for p in prompts) + new_tokens, eos_ids)
@@ -78,26 +81,32 @@ def _greedy_responses(target: TargetModel, prompts: list[list[int]], new_tokens:
 
 
 @torch.no_grad()
+def teacher_force(target: TargetModel, seqs: list[TeacherSeq], taps: Taps | tuple[int, ...]) -> list[TeacherSeq]:
+    """One teacher-forced pass over `seqs` (right-padded; causal attention keeps the real rows exact and
+    the row-invariant kernels make each row what the runtime computes): copies with taps and final."""
+    taps = taps if isinstance(taps, Taps) else Taps(tuple(taps))
+    longest = max(len(s.ids) for s in seqs)
+    ids = torch.zeros(len(seqs), longest, dtype=torch.long, device=target.embed_tokens.weight.device)
+    for row, s in enumerate(seqs):
+        ids[row, :len(s.ids)] = s.ids
+    out = target(ids, tap_layers=taps, logits_at=torch.zeros(len(seqs), dtype=torch.long, device=ids.device))
+    return [TeacherSeq(s.ids, out.taps[row:row + 1, :len(s.ids)].clone(), out.hidden[row, :len(s.ids)].clone(),
+                       s.response_start) for row, s in enumerate(seqs)]
+
+
 def teacher_data(target: TargetModel, prompts: list[list[int]], new_tokens: int, taps: Taps | tuple[int, ...],
                  eos_ids: frozenset[int] = frozenset(), max_batch: int = 32, progress: bool = False
                  ) -> list[TeacherSeq]:
     """Each prompt + the target's greedy response (stopping at `eos_ids`), with taps (read at the
-    drafter's tap point) and the target's final hidden state."""
-    responses = _greedy_responses(target, prompts, new_tokens, eos_ids, max_batch, progress)
-    seqs = [p + r for p, r in zip(prompts, responses)]
+    drafter's tap point) and the target's final hidden state, held in memory (small data)."""
+    responses = teacher_responses(target, prompts, new_tokens, eos_ids, max_batch, progress)
+    seqs = [TeacherSeq(torch.tensor(p + r), None, None, len(p)) for p, r in zip(prompts, responses)]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].ids))
     data: list[TeacherSeq | None] = [None] * len(seqs)
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-    for i in range(0, len(order), 16):  # right-padded batches: causal attention keeps the real rows exact
+    for i in range(0, len(order), 16):
         group = order[i:i + 16]
-        longest = len(seqs[group[-1]])
-        ids = torch.zeros(len(group), longest, dtype=torch.long)
-        for row, j in enumerate(group):
-            ids[row, :len(seqs[j])] = torch.tensor(seqs[j])
-        out = target(ids, tap_layers=taps, logits_at=torch.zeros(len(group), dtype=torch.long))
-        for row, j in enumerate(group):
-            n = len(seqs[j])
-            data[j] = TeacherSeq(ids[row, :n].clone(), out.taps[row:row + 1, :n].clone(), out.hidden[row, :n].clone(),
-                                 len(prompts[j]))
+        for j, seq in zip(group, teacher_force(target, [seqs[j] for j in group], taps)):
+            data[j] = seq
     return data
 
 
@@ -115,11 +124,48 @@ def _lr_scale(step: int, cfg: TrainConfig) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, done)))
 
 
+def _joint_taps(drafters: dict[str, BlockDrafter], target: TargetModel) -> Taps:
+    """One teacher-forced pass serves every drafter: the union of their layers at `layer_output`
+    (a `hidden_states` drafter's last-layer tap is the final norm of it, i.e. `final`)."""
+    layers = sorted({i for d in drafters.values() for i in d.config.target_layer_ids})
+    return Taps(tuple(layers), "layer_output")
+
+
+def _taps_for(drafter: BlockDrafter, seq: TeacherSeq, joint: Taps, last_layer: int) -> torch.Tensor:
+    """[1, L, F] this drafter's packed taps out of a joint pass (`seq.taps` at `joint`)."""
+    width = seq.final.shape[-1]
+    parts = []
+    for layer in drafter.config.target_layer_ids:
+        if layer == last_layer and drafter.config.tap_point == "hidden_states":
+            parts.append(seq.final[None])
+        else:
+            k = joint.layers.index(layer)
+            parts.append(seq.taps[..., k * width:(k + 1) * width])
+    return torch.cat(parts, dim=-1)
+
+
+def _sequence_order(n: int, index: int, seed: int) -> int:
+    """The `index`-th sequence drawn: epochs are seeded permutations, so a resumed run draws the same."""
+    epoch, pos = divmod(index, n)
+    return int(torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))[pos])
+
+
 def fit(drafter: BlockDrafter, data: list[TeacherSeq], cfg: TrainConfig, state_path: Path | None = None,
-        progress: bool = True, head: torch.nn.Linear | None = None) -> list[dict]:
-    """The optimisation loop over teacher data; resumes from / checkpoints to `state_path`.
+        progress: bool = True, head: torch.nn.Linear | None = None, target: TargetModel | None = None) -> list[dict]:
+    """The optimisation loop over teacher data for one drafter (see `fit_jointly`)."""
+    return fit_jointly({drafter.config.kind: drafter}, data, cfg, state_path, progress, head, target)[
+        drafter.config.kind]
+
+
+def fit_jointly(drafters: dict[str, BlockDrafter], data: list[TeacherSeq], cfg: TrainConfig,
+                state_path: Path | None = None, progress: bool = True, head: torch.nn.Linear | None = None,
+                target: TargetModel | None = None, on_checkpoint=None) -> dict[str, list[dict]]:
+    """Train several drafters on the same batches (same sequences, same anchors, one teacher-forced
+    pass each step); resumes from / checkpoints to `state_path` every `save_every` steps and at least
+    every `save_every_seconds`. Sequences without taps are teacher-forced by `target` when drawn.
 
     `head` is the target's LM head (DSpark's loss needs the target distribution).
+    `on_checkpoint(step, drafters)` runs after each checkpoint (e.g. to write a snapshot).
     """
     usable = [d for d in data if d.anchor_range[1] > d.anchor_range[0]]
     if not usable:
@@ -127,54 +173,85 @@ def fit(drafter: BlockDrafter, data: list[TeacherSeq], cfg: TrainConfig, state_p
         raise RequestError(f"none of the {len(data)} teacher sequences has a response token to predict "
                            f"(longest {longest} tokens); use longer prompts/responses (--new-tokens) or more prompts")
     data = usable
-    params = [p for p in drafter.parameters()]
-    for p in params:
-        p.requires_grad_(True)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    if target is None and any(d.taps is None for d in data):
+        raise RequestError("teacher sequences without taps need the target to recompute them")
+    if len(drafters) > 1 and any(d.taps is not None for d in data):
+        raise RequestError("joint training recomputes taps per step; pass sequences without taps")
+    optims = {}
+    for name, drafter in drafters.items():
+        for p in drafter.parameters():
+            p.requires_grad_(True)
+        optims[name] = torch.optim.AdamW(list(drafter.parameters()), lr=cfg.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
-    history: list[dict] = []
-    start = 0
+    history: dict[str, list[dict]] = {name: [] for name in drafters}
+    start, elapsed = 0, 0.0
     if state_path is not None and state_path.is_file():  # resume exactly where we stopped
         state = torch.load(state_path, weights_only=False)
-        drafter.load_state_dict(state["model"])
-        opt.load_state_dict(state["optim"])
+        for name, drafter in drafters.items():
+            drafter.load_state_dict(state["models"][name])
+            optims[name].load_state_dict(state["optims"][name])
         gen.set_state(state["rng"])
-        history, start = state["history"], state["step"]
-    dspark = drafter.config.kind == "dspark"
-    if dspark and head is None:
-        head = drafter.shared.lm_head
+        history, start, elapsed = state["history"], state["step"], state.get("elapsed", 0.0)
+    if head is None and target is not None:
+        head = target.lm_head
+    joint = _joint_taps(drafters, target) if target is not None else None
+    last_layer = target.config.num_layers - 1 if target is not None else -1
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=cfg.steps, initial=start, desc=f"training {drafter.config.kind}", unit="step")
-    drafter.train()
+        bar = tqdm(total=cfg.steps, initial=start, desc=f"training {'+'.join(drafters)}", unit="step")
+    for drafter in drafters.values():
+        drafter.train()
+    t_saved = time.perf_counter()
+    t_run = t_saved - elapsed
     for step in range(start, cfg.steps):
-        for group in opt.param_groups:
-            group["lr"] = cfg.lr * _lr_scale(step, cfg)
-        opt.zero_grad()
-        totals: dict[str, float] = {}
-        for _ in range(cfg.seqs_per_step):
-            seq = data[int(torch.randint(len(data), (1,), generator=gen))]
+        picked = [data[_sequence_order(len(data), step * cfg.seqs_per_step + j, cfg.seed)]
+                  for j in range(cfg.seqs_per_step)]
+        missing = [s for s in picked if s.taps is None]
+        if missing:
+            forced = iter(teacher_force(target, missing, joint))
+            picked = [next(forced) if s.taps is None else s for s in picked]
+        anchors = []
+        for seq in picked:
             lo, hi = seq.anchor_range
-            anchors = lo + torch.randperm(hi - lo, generator=gen)[:cfg.anchors_per_seq]
-            block = blocks_at(drafter, seq.taps, seq.final, seq.ids, anchors, head if dspark else None)
-            parts = (dspark_loss if dspark else dflash_loss)(drafter, block)
-            (parts["loss"] / cfg.seqs_per_step).backward()
-            for k, v in parts.items():
-                totals[k] = totals.get(k, 0.0) + float(v.detach()) / cfg.seqs_per_step
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        history.append({"step": step + 1, **totals})
+            anchors.append(lo + torch.randperm(hi - lo, generator=gen)[:cfg.anchors_per_seq])
+        for name, drafter in drafters.items():
+            opt = optims[name]
+            for group in opt.param_groups:
+                group["lr"] = cfg.lr * _lr_scale(step, cfg)
+            opt.zero_grad()
+            dspark = drafter.config.kind == "dspark"
+            totals: dict[str, float] = {}
+            for seq, where in zip(picked, anchors):
+                taps = seq.taps if not missing else _taps_for(drafter, seq, joint, last_layer)
+                block = blocks_at(drafter, taps, seq.final, seq.ids, where,
+                                  (head or drafter.shared.lm_head) if dspark else None)
+                parts = (dspark_loss if dspark else dflash_loss)(drafter, block)
+                (parts["loss"] / cfg.seqs_per_step).backward()
+                for k, v in parts.items():
+                    totals[k] = totals.get(k, 0.0) + float(v.detach()) / cfg.seqs_per_step
+            torch.nn.utils.clip_grad_norm_(list(drafter.parameters()), 1.0)
+            opt.step()
+            history[name].append({"step": step + 1, **totals})
         if bar:
             bar.update(1)
-            bar.set_postfix(loss=f"{totals.get('loss', 0):.3f}")
-        if state_path is not None and ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps):
-            torch.save({"model": drafter.state_dict(), "optim": opt.state_dict(), "rng": gen.get_state(),
-                        "history": history, "step": step + 1}, state_path)
+            bar.set_postfix({f"{n}": f"{h[-1].get('loss', 0):.3f}" for n, h in history.items()})
+        now = time.perf_counter()
+        due = (step + 1) % cfg.save_every == 0 or now - t_saved >= cfg.save_every_seconds or step + 1 == cfg.steps
+        if state_path is not None and due:
+            torch.save({"models": {n: d.state_dict() for n, d in drafters.items()},
+                        "optims": {n: o.state_dict() for n, o in optims.items()}, "rng": gen.get_state(),
+                        "history": history, "step": step + 1, "elapsed": now - t_run}, state_path)
+            t_saved = now
+            if on_checkpoint is not None:
+                on_checkpoint(step + 1, drafters)
+                for drafter in drafters.values():
+                    drafter.train()
     if bar:
         bar.close()
-    drafter.eval().requires_grad_(False)
+    for drafter in drafters.values():
+        drafter.eval().requires_grad_(False)
     return history
 
 
@@ -187,7 +264,7 @@ def train(drafter: BlockDrafter, target: TargetModel, prompts: list[list[int]], 
         data = teacher_data(target, prompts, cfg.new_tokens, drafter.config.taps, eos_ids,
                             progress=progress)
     t0 = time.perf_counter()
-    history = fit(drafter, data, cfg, out_dir / "trainer_state.pt", progress, target.lm_head)
+    history = fit(drafter, data, cfg, out_dir / "trainer_state.pt", progress, target.lm_head, target)
     summary = {"config": asdict(cfg), "train_seconds": time.perf_counter() - t0, "history": history,
                "teacher_sequences": len(data), "teacher_tokens": sum(len(d.ids) for d in data),
                "final_loss": history[-1]["loss"] if history else None,
