@@ -4,7 +4,7 @@
 
 Target: one SmolLM2 pass over R new rows (R = 1, 2, 4, 8, 9, 16) after a `--context`-token
 prefill, in bf16 with the row-invariant kernels (what ships), bf16 with plain SDPA/F.linear
-(not row-invariant: for comparison), and fp32. Drafter: one block pass of each shipped drafter
+(not row-invariant: for comparison), fp32, and weight-only int8 / int4 (bf16 activations). Drafter: one block pass of each shipped drafter
 (context already written) in bf16. Medians of `--repeats`; every configuration is timed in
 the same process, interleaved by repeat. Writes benchmarks/results/costs.json and docs/costs.png.
 """
@@ -51,6 +51,8 @@ def main() -> int:
     targets = {"bf16 row-invariant": (load_target(smollm2_dir(), "bfloat16"), True),
                "bf16 plain (SDPA)": (None, False), "fp32": (load_target(smollm2_dir(), "float32"), True)}
     targets["bf16 plain (SDPA)"] = (targets["bf16 row-invariant"][0], False)
+    for scheme in ("int8", "int4"):      # weight-only, bf16 activations, row-invariant kernels
+        targets[f"{scheme} weight-only"] = (load_target(smollm2_dir(), "bfloat16", scheme), True)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 49152, (1, args.context), generator=g)
     caches = {}

@@ -26,6 +26,12 @@ def _speculation_args(p: argparse.ArgumentParser) -> None:
                    "(default: the drafter's block)")
 
 
+def _quantization_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quantization", choices=["none", "int8", "int4"], default="none",
+                   help="weight-only target quantization on the CPU (bf16 activations); a different model from "
+                   "the bf16 one, and speculation is lossless against it")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="blockdraft", description="Lossless speculative decoding with block "
                                      "drafters (DFlash, DFlash2, DSpark).")
@@ -59,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DSpark: cut the block at the first slot whose confidence is below this")
     g.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="auto: bfloat16 (row-invariant, exactly lossless) for the default model, float32 otherwise")
+    _quantization_arg(g)
     _speculation_args(g)
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
@@ -82,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "the others follow its steps (adaptive speculation is off under TP)")
     s.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="auto: bfloat16 (row-invariant, exactly lossless) for the default model, float32 otherwise")
+    _quantization_arg(s)
     s.set_defaults(func=cmd_serve)
 
     c = sub.add_parser("convert", help="convert a GGUF (llama.cpp) file into a Hugging Face directory",
@@ -139,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--no-hf", action="store_true", help="skip the transformers generate baseline")
     b.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 for the default model")
+    _quantization_arg(b)
     b.add_argument("--batch-sizes", default="1", help="comma-separated batch sizes, e.g. 1,8 (HF runs batch 1)")
     b.add_argument("--adaptive-speculation", action=argparse.BooleanOptionalAction, default=True,
                    help="draft width from measured cost, as generate/serve run (--no-...: always the full block)")
@@ -203,7 +212,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       max_new_tokens=24 if args.quick else args.max_new_tokens, temperatures=temps,
                       repeats=1 if args.quick else args.repeats, hf_baseline=not args.no_hf,
                       dtype=args.dtype or ("bfloat16" if is_default_target(args.target) else "float32"),
-                      batch_sizes=batch_sizes, adaptive=args.adaptive_speculation)
+                      batch_sizes=batch_sizes, adaptive=args.adaptive_speculation, quantization=args.quantization)
     from .bench.prompt_sets import SETS
 
     unknown = [s for s in cfg.sets if s not in SETS]
@@ -216,6 +225,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         target_dir = Path(args.target)
     if args.tp != 1:
+        if cfg.quantization != "none":
+            raise ConfigError(f"--quantization {cfg.quantization} with --tp is not supported (the weight-only "
+                              "layers are not sharded); use --quantization none")
         from .loading import load_drafter, load_target
         from .parallel.launch import run_tp
         from .parallel.shard import check_tp
@@ -337,8 +349,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     drafter = args.drafter if args.drafter is not None else "default"
     kwargs = dict(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, max_batch=args.max_batch,
                   cache_budget_bytes=args.cache_budget, max_model_len=args.max_model_len,
-                  adaptive_speculation=args.adaptive_speculation, num_speculative_tokens=args.num_speculative_tokens)
+                  adaptive_speculation=args.adaptive_speculation, num_speculative_tokens=args.num_speculative_tokens,
+                  quantization=args.quantization)
     if args.tp != 1:
+        if args.quantization != "none":
+            raise ConfigError(f"--quantization {args.quantization} with --tp is not supported (the weight-only "
+                              "layers are not sharded); use --quantization none")
         import signal
 
         from .parallel.launch import run_tp
@@ -372,7 +388,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     drafter = args.drafter if args.drafter is not None else "default"
     llm = LLM(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, block_size=args.block_size,
               confidence_threshold=args.confidence_threshold, adaptive_speculation=args.adaptive_speculation,
-              num_speculative_tokens=args.num_speculative_tokens)
+              num_speculative_tokens=args.num_speculative_tokens, quantization=args.quantization)
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
     prompt_ids = llm.encode(args.prompt, args.chat) if args.prompt is not None else args.prompt_ids
@@ -400,6 +416,7 @@ def _print_generation(args, out, text: str, drafter: str | None, extra: dict) ->
 
 def _generate_tp(args: argparse.Namespace) -> int:
     """`generate --tp N`: validate in this process, then N ranks run the same loop; rank 0 answers."""
+    from .errors import ConfigError
     from .llm import LLM
     from .parallel.launch import run_tp
     from .parallel.shard import check_tp
@@ -407,6 +424,9 @@ def _generate_tp(args: argparse.Namespace) -> int:
     from .sampling.params import SamplingParams
 
     drafter = args.drafter if args.drafter is not None else "default"
+    if args.quantization != "none":
+        raise ConfigError(f"--quantization {args.quantization} with --tp is not supported (the weight-only "
+                          "layers are not sharded); use --quantization none")
     llm = LLM(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, block_size=args.block_size,
               confidence_threshold=args.confidence_threshold, max_batch=1)
     check_tp(args.tp, llm.target.config, llm.drafter.config if llm.drafter is not None else None)
@@ -446,6 +466,8 @@ def _generate_onnx(args: argparse.Namespace) -> int:
     for flag in ("target", "drafter", "mode", "block_size"):
         if getattr(args, flag) is not None:
             raise RequestError(f"--onnx runs the exported graphs; --{flag.replace('_', '-')} does not apply")
+    if args.quantization != "none":
+        raise RequestError("--onnx runs the exported graphs in their own numerics; --quantization does not apply")
     backend = OnnxBackend(args.onnx)
     folder = Path(args.onnx)
     tok = Tokenizer(folder) if (folder / "tokenizer.json").is_file() else None

@@ -85,7 +85,7 @@ class LLM:
                  block_size: int | None = None, confidence_threshold: float = 0.0,
                  cache_budget_bytes: int | None = None, max_model_len: int | None = None,
                  prefix_caching: bool = True, adaptive_speculation: bool = True,
-                 num_speculative_tokens: int | None = None, tp=None):
+                 num_speculative_tokens: int | None = None, tp=None, quantization: str | None = None):
         """`tp`: this process's TPGroup when it is one rank of a tensor-parallel group; the models
         are sharded and, on rank 0, `engine` mirrors every command to the other ranks."""
         if drafter == "default":
@@ -102,8 +102,11 @@ class LLM:
             target_dir = smollm2_dir()
         else:
             target_dir = Path(target)
-        self.target = load_target(target_dir, dtype)
-        self.numerics = describe(self.target.dtype)
+        if quantization not in (None, "none") and tp is not None and tp.world > 1:
+            raise ConfigError(f"quantization={quantization} with tensor parallelism is not supported "
+                              "(the weight-only layers are not sharded); use quantization=none")
+        self.target = load_target(target_dir, dtype, quantization)
+        self.numerics = describe(self.target.dtype, getattr(self.target, "quantization", "none"))
         self.drafter_dir = drafter_dir
         self.drafter = load_drafter(drafter_dir, self.target, mode=mode, block_size=block_size) \
             if drafter_dir is not None else None

@@ -18,6 +18,7 @@ from .checkpoints.resolve import canonical_tensor_names, resolve_drafter, resolv
 from .checkpoints.weights import assign_weights, load_state_dict, read_json, strip_prefix, tensor_names
 from .config import DrafterConfig, TargetConfig
 from .errors import CheckpointError, ConfigError
+from .layers.quant import check_scheme, quantize_target
 from .models.drafter import BlockDrafter
 from .models.target import TargetModel
 from .numerics import torch_dtype
@@ -26,9 +27,12 @@ log = logging.getLogger(__name__)
 
 
 
-def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32") -> TargetModel:
-    """A HF Llama/Qwen3 directory (config.json + safetensors, sharded or not) -> TargetModel."""
+def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
+                quantization: str | None = None) -> TargetModel:
+    """A HF Llama/Qwen3 directory (config.json + safetensors, sharded or not) -> TargetModel.
+    `quantization` int8 / int4: weight-only layers (`layers/quant.py`), bf16 activations, CPU."""
     model_dir = Path(model_dir)
+    scheme = check_scheme(quantization, torch_dtype(dtype))
     cfg = resolve_target(read_json(model_dir / "config.json"))
     tensors = _target_names(load_state_dict(model_dir))
     if cfg.tie_word_embeddings:
@@ -38,6 +42,7 @@ def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32") -> 
     optional = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     assign_weights(model, tensors, torch_dtype(dtype), f"target {model_dir}", optional)
     model.tie_weights()
+    quantize_target(model, scheme)
     model.source_dir = model_dir
     return model.eval().requires_grad_(False)
 

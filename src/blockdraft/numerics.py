@@ -63,8 +63,8 @@ def resolve_dtype(requested: str | None, device: str = "cpu", default_model: boo
     return "float32"
 
 
-def describe(dtype: str | torch.dtype) -> dict:
+def describe(dtype: str | torch.dtype, quantization: str = "none") -> dict:
     """What `--json` reports about the numerics in use."""
     dt = torch_dtype(dtype)
-    return {"dtype": str(dt).removeprefix("torch."), "cpu_native_bf16": native_bf16(),
+    return {"dtype": str(dt).removeprefix("torch."), "quantization": quantization, "cpu_native_bf16": native_bf16(),
             "row_invariant": dt == torch.bfloat16}

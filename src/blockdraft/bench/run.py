@@ -34,6 +34,7 @@ class BenchConfig:
     repeats: int = 3
     hf_baseline: bool = True
     dtype: str = "bfloat16"
+    quantization: str = "none"     # the target's weight-only scheme (the HF baseline stays at `dtype`)
     seed: int = 0
     batch_sizes: tuple[int, ...] = (1,)
     adaptive: bool = True              # draft width from measured cost (what serve/generate run)
@@ -92,7 +93,7 @@ def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig,
               tp=None) -> dict:
     """`tp`: a TPGroup when this is one rank of a tensor-parallel run (models are sharded; rank 0
     alone runs the HF baseline and shows progress)."""
-    target = load_target(target_dir, cfg.dtype)
+    target = load_target(target_dir, cfg.dtype, cfg.quantization)
     drafters = {name: load_drafter(path, target) for name, path in drafter_dirs.items()}
     if tp is not None and tp.world > 1:
         from ..parallel.shard import shard_models

@@ -257,9 +257,8 @@ class BlockDrafter(nn.Module):
         Columns are draft-vocabulary ids when the vocabulary is pruned (`to_target` maps them).
         `shard`: only this rank's vocabulary slice (a tensor-parallel head)."""
         head = self.lm_head if self.config.own_lm_head else self.shared.lm_head
-        weight = getattr(head, "weight", None)
-        if weight is not None and weight.dtype != hidden.dtype:   # an fp32 drafter in training over a bf16 target
-            hidden = hidden.to(weight.dtype)
+        if isinstance(head, nn.Linear) and head.weight.dtype != hidden.dtype:   # fp32 training over a bf16 target
+            hidden = hidden.to(head.weight.dtype)
         logits = (head.local(hidden) if shard else head(hidden)) * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         if cap:

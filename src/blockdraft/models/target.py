@@ -36,12 +36,20 @@ class TargetAttention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.qkv_proj = None          # q, k, v in one matmul when `layers/quant.py` fuses them
+
+    def _project(self, x):
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        kv = self.num_kv_heads * self.head_dim
+        return self.qkv_proj(x).split([self.num_heads * self.head_dim, kv, kv], dim=-1)
 
     def forward(self, x, cos, sin, step, layer: int):
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        q, k, v = self._project(x)
+        q = q.reshape(b, t, self.num_heads, self.head_dim)
+        k = k.reshape(b, t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(b, t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)  # [b, h, t, d]
@@ -59,9 +67,13 @@ class MLP(nn.Module):
         self.gate_proj = StableLinear(hidden, intermediate, bias=bias)
         self.up_proj = StableLinear(hidden, intermediate, bias=bias)
         self.down_proj = StableLinear(intermediate, hidden, bias=bias)
+        self.gate_up_proj = None      # gate and up in one matmul when `layers/quant.py` fuses them
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

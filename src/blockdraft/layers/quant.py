@@ -1,0 +1,114 @@
+"""Weight-only quantized linear layers for the CPU: int8 per output channel, int4 in groups of 32.
+
+Activations stay bf16; the weights are stored quantized and multiplied by PyTorch's CPU
+weight-only kernels (`torch._weight_int8pack_mm`, `torch._weight_int4pack_mm_for_cpu`), which
+read a quarter / an eighth of the bytes a bf16 GEMV reads (decoding a small model on a CPU
+is memory-bound). Both kernels reduce every output row on its own: a 9-row verify rounds
+each row exactly as a one-row step does (checked at every row count by
+`tests/models/test_quantized.py` on the machine it runs on), so speculation stays lossless
+*against the quantized model*. A quantized model is a different model from its bf16 source:
+its greedy text differs, and the benchmark reports both.
+
+int4 uses the Q4_1 grid (per 32 weights: w = d·q + m, q in 0..15) — the format the default
+model ships in as a GGUF — so re-quantizing its dequantized weights finds the same levels.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+
+SCHEMES = ("none", "int8", "int4")
+INT4_GROUP = 32
+
+
+def check_scheme(scheme: str | None, dtype: torch.dtype, device: str | torch.device = "cpu") -> str:
+    scheme = scheme or "none"
+    if scheme not in SCHEMES:
+        raise ConfigError(f"quantization {scheme!r} is not supported (choose from {', '.join(SCHEMES)})")
+    if scheme != "none":
+        if torch.device(device).type != "cpu":
+            raise ConfigError(f"quantization={scheme} uses PyTorch's CPU weight-only kernels; on {device} use "
+                              "quantization=none")
+        if dtype != torch.bfloat16:
+            raise ConfigError(f"quantization={scheme} runs with bf16 activations; dtype is "
+                              f"{str(dtype).removeprefix('torch.')} (use --dtype bfloat16 or auto)")
+    return scheme
+
+
+class QuantizedLinear(nn.Module):
+    """y = x · dequant(W)ᵀ (+ b) with W stored int8 [out, in] + scales [out], or int4-packed + (scale, zero)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, scheme: str):
+        super().__init__()
+        out_features, in_features = weight.shape
+        self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
+        w = weight.detach().float()
+        if scheme == "int8":
+            scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)                              # [out]
+            self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+            self.register_buffer("scales", scale.to(torch.bfloat16))
+        elif scheme == "int4":
+            if in_features % INT4_GROUP:
+                raise ConfigError(f"quantization=int4 needs in_features divisible by {INT4_GROUP}, got {in_features}")
+            groups = w.view(out_features, in_features // INT4_GROUP, INT4_GROUP)
+            low, high = groups.amin(-1), groups.amax(-1)                                      # [out, in/32]
+            scale = ((high - low) / 15).clamp_min(1e-12)
+            q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+            self.register_buffer("qweight", torch._convert_weight_to_int4pack_for_cpu(q.view(out_features, -1), 1))
+            # the kernel computes (q - 8) · scale + zero, so zero = low + 8 · scale
+            zeros = low + 8 * scale
+            self.register_buffer("scales", torch.stack([scale, zeros], -1).transpose(0, 1).contiguous()
+                                 .to(torch.bfloat16))                                       # [in/32, out, 2]
+        else:
+            raise ConfigError(f"QuantizedLinear scheme {scheme!r} (choose int8 or int4)")
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized weight (bf16), for code that reads a head's rows (e.g. a drafter copying them)."""
+        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+        return self._mm(eye).T.contiguous()
+
+    def _mm(self, flat: torch.Tensor) -> torch.Tensor:
+        if self.scheme == "int8":
+            return torch._weight_int8pack_mm(flat, self.qweight, self.scales)
+        return torch._weight_int4pack_mm_for_cpu(flat, self.qweight, INT4_GROUP, self.scales)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)                                  # [rows, in]
+        out = self._mm(flat)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+def _fused(parent: nn.Module, names: tuple[str, ...], scheme: str) -> QuantizedLinear:
+    """One weight-only layer for several projections of the same input (rows quantize on their
+    own, so fusing changes no weight); the originals are dropped."""
+    parts = [getattr(parent, n) for n in names]
+    bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])
+    fused = QuantizedLinear(torch.cat([p.weight for p in parts]), bias, scheme)
+    for n in names:
+        delattr(parent, n)
+    return fused
+
+
+def quantize_target(model: nn.Module, scheme: str) -> nn.Module:
+    """Replace the target's projections and LM head with `scheme` weight-only layers, in place
+    (q/k/v and gate/up fused: fewer kernel calls per step); the embedding stays bf16 (a lookup)."""
+    if scheme == "none":
+        return model
+    for layer in model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.qkv_proj = _fused(attn, ("q_proj", "k_proj", "v_proj"), scheme)
+        attn.o_proj = QuantizedLinear(attn.o_proj.weight, attn.o_proj.bias, scheme)
+        mlp.gate_up_proj = _fused(mlp, ("gate_proj", "up_proj"), scheme)
+        mlp.down_proj = QuantizedLinear(mlp.down_proj.weight, mlp.down_proj.bias, scheme)
+    tied = model.lm_head.weight is model.embed_tokens.weight
+    model.lm_head = QuantizedLinear(model.lm_head.weight, None, scheme)
+    model.quantization = scheme
+    model.lm_head_tied = tied
+    return model
