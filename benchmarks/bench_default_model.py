@@ -54,6 +54,7 @@ def main() -> int:
     ap.add_argument("--ortgenai-venv", default=str(Path.home() / ".cache" / "blockdraft" / "ref-venvs" / "ortgenai"))
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-ortgenai", action="store_true")
+    ap.add_argument("--quantizations", default="none,int4", help="our numerics: none (bf16) and weight-only schemes")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -61,7 +62,6 @@ def main() -> int:
     from blockdraft.bench.prompt_sets import load_set
     from blockdraft.bench.run import HFBaseline
     from blockdraft.default_model import smollm2_dir
-    from blockdraft.numerics import describe
 
     batches = [int(b) for b in args.batches.split(",")]
     texts = load_set("chat", args.prompts)
@@ -71,10 +71,17 @@ def main() -> int:
     rendered = [tok.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
     eos = set(base._eos_ids())
     params = blockdraft.SamplingParams(max_tokens=args.tokens)
-    ours = {"ar": base}
-    for name in ("dspark", "dflash"):
-        ours[name] = blockdraft.LLM(drafter=name, max_batch=max(batches))
-    ours["dspark_fixed"] = blockdraft.LLM(drafter="dspark", max_batch=max(batches), adaptive_speculation=False)
+    ours, ar_of = {}, {}          # mode -> LLM; mode -> the AR mode of the same numerics
+    for quant in args.quantizations.split(","):
+        suffix = "" if quant == "none" else f"_{quant}"
+        ours[f"ar{suffix}"] = base if quant == "none" else blockdraft.LLM(drafter="none", max_batch=max(batches),
+                                                                           quantization=quant)
+        for name in ("dspark", "dflash"):
+            ours[f"{name}{suffix}"] = blockdraft.LLM(drafter=name, max_batch=max(batches), quantization=quant)
+        ours[f"dspark_fixed{suffix}"] = blockdraft.LLM(drafter="dspark", max_batch=max(batches), quantization=quant,
+                                                       adaptive_speculation=False)
+        for mode in [m for m in ours if m.endswith(suffix) or not suffix]:
+            ar_of.setdefault(mode, f"ar{suffix}")
     hf = None if args.no_hf else HFBaseline(smollm2_dir(), torch.bfloat16, sorted(eos))
 
     ort = {}
@@ -102,7 +109,7 @@ def main() -> int:
         rate = {m: [] for m in modes if m != "hf" or batch == 1}
         same_as_ar = {m: 0 for m in rate}
         for rep in range(args.repeats):
-            ar_tokens = None
+            ar_tokens = {}
             for mode in rate:
                 t0 = time.perf_counter()
                 if mode in ours:
@@ -117,20 +124,22 @@ def main() -> int:
                 else:
                     seconds, outs = run_ort(ort[mode], batch)
                 rate[mode].append(sum(len(o) for o in outs) / seconds)
-                if mode == "ar":
-                    ar_tokens = outs
-                if rep == 0:
-                    same_as_ar[mode] = sum(a == b for a, b in zip(outs, ar_tokens))
+                if mode.startswith("ar"):
+                    ar_tokens[mode] = outs
+                if rep == 0:          # against AR of the same numerics (bf16 AR for HF and ORT-GenAI)
+                    same_as_ar[mode] = sum(a == b for a, b in zip(outs, ar_tokens[ar_of.get(mode, "ar")]))
                 print(f"batch {batch} rep {rep} {mode}: {rate[mode][-1]:.1f} tok/s", file=sys.stderr, flush=True)
         raw[batch] = {m: {"tokens_per_s": statistics.median(v), "repeats": v,
                           "vs_our_ar": statistics.median(x / y for x, y in zip(v, rate["ar"])),
+                          "vs_our_ar_same_numerics": statistics.median(
+                              x / y for x, y in zip(v, rate[ar_of.get(m, "ar")])),
                           "greedy_equal_to_our_ar": f"{same_as_ar[m]}/{len(prompts)}"} for m, v in rate.items()}
     al = {}
-    for name in ("dspark", "dflash", "dspark_fixed"):
+    for name in [m for m in ours if not m.startswith("ar")]:
         outs = ours[name].generate(prompt_token_ids=prompts, sampling_params=params)
         lengths = [a for o in outs for a in o.acceptance_lengths]
         al[name] = sum(lengths) / len(lengths)
-    report = {"numerics": describe("bfloat16"), "threads": args.threads, "prompts": len(prompts),
+    report = {"numerics": {m: llm.numerics for m, llm in ours.items()}, "threads": args.threads, "prompts": len(prompts),
               "max_new_tokens": args.tokens, "repeats": args.repeats, "results": raw, "mean_al": al,
               "cpu": open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": ")}
     out = ROOT / "benchmarks" / "results"

@@ -27,9 +27,10 @@ def _speculation_args(p: argparse.ArgumentParser) -> None:
 
 
 def _quantization_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quantization", choices=["none", "int8", "int4"], default="none",
-                   help="weight-only target quantization on the CPU (bf16 activations); a different model from "
-                   "the bf16 one, and speculation is lossless against it")
+    p.add_argument("--quantization", choices=["auto", "none", "int8", "int4"], default="auto",
+                   help="weight-only target quantization on the CPU (bf16 activations): a different model from "
+                   "the bf16 one, and speculation is lossless against it. auto: int4 for the default model "
+                   "(it ships as a 4-bit GGUF) on a CPU without --tp, none otherwise")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -197,6 +198,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench.run import BenchConfig, plot, run_bench, table
     from .errors import ConfigError
     from .llm import is_default_target, resolve_drafter_dir
+    from .numerics import resolve_quantization
 
     drafters = {}
     for item in filter(None, (d.strip() for d in args.drafters.split(","))):
@@ -212,7 +214,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       max_new_tokens=24 if args.quick else args.max_new_tokens, temperatures=temps,
                       repeats=1 if args.quick else args.repeats, hf_baseline=not args.no_hf,
                       dtype=args.dtype or ("bfloat16" if is_default_target(args.target) else "float32"),
-                      batch_sizes=batch_sizes, adaptive=args.adaptive_speculation, quantization=args.quantization)
+                      batch_sizes=batch_sizes, adaptive=args.adaptive_speculation,
+                      quantization=resolve_quantization(args.quantization, default_model=is_default_target(args.target),
+                                                        tensor_parallel=args.tp != 1))
     from .bench.prompt_sets import SETS
 
     unknown = [s for s in cfg.sets if s not in SETS]
@@ -225,7 +229,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         target_dir = Path(args.target)
     if args.tp != 1:
-        if cfg.quantization != "none":
+        if cfg.quantization not in ("none", "auto"):
             raise ConfigError(f"--quantization {cfg.quantization} with --tp is not supported (the weight-only "
                               "layers are not sharded); use --quantization none")
         from .loading import load_drafter, load_target
@@ -352,7 +356,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   adaptive_speculation=args.adaptive_speculation, num_speculative_tokens=args.num_speculative_tokens,
                   quantization=args.quantization)
     if args.tp != 1:
-        if args.quantization != "none":
+        if args.quantization not in ("none", "auto"):
             raise ConfigError(f"--quantization {args.quantization} with --tp is not supported (the weight-only "
                               "layers are not sharded); use --quantization none")
         import signal
@@ -424,11 +428,11 @@ def _generate_tp(args: argparse.Namespace) -> int:
     from .sampling.params import SamplingParams
 
     drafter = args.drafter if args.drafter is not None else "default"
-    if args.quantization != "none":
+    if args.quantization not in ("none", "auto"):
         raise ConfigError(f"--quantization {args.quantization} with --tp is not supported (the weight-only "
                           "layers are not sharded); use --quantization none")
     llm = LLM(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, block_size=args.block_size,
-              confidence_threshold=args.confidence_threshold, max_batch=1)
+              confidence_threshold=args.confidence_threshold, max_batch=1, quantization="none")
     check_tp(args.tp, llm.target.config, llm.drafter.config if llm.drafter is not None else None)
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
@@ -466,7 +470,7 @@ def _generate_onnx(args: argparse.Namespace) -> int:
     for flag in ("target", "drafter", "mode", "block_size"):
         if getattr(args, flag) is not None:
             raise RequestError(f"--onnx runs the exported graphs; --{flag.replace('_', '-')} does not apply")
-    if args.quantization != "none":
+    if args.quantization not in ("none", "auto"):
         raise RequestError("--onnx runs the exported graphs in their own numerics; --quantization does not apply")
     backend = OnnxBackend(args.onnx)
     folder = Path(args.onnx)

@@ -20,8 +20,8 @@ from .models.target import TargetModel
 from .sampling.params import SamplingParams
 from .sampling.probs import pick, sampling_probs
 from .sampling.stops import StopCriteria
-from .spec.propose import propose
-from .spec.verify import greedy_accept, rejection_accept
+from .spec_decode.propose import propose
+from .spec_decode.verify import greedy_accept, rejection_accept
 
 
 @dataclass

@@ -32,12 +32,19 @@ def gguf_path() -> Path:
 
 def smollm2_dir(dtype: str = "bfloat16") -> Path:
     """The converted HF directory, converting on first use."""
-    from .checkpoints.gguf import convert_gguf
+    import json
+    import shutil
+
+    from .checkpoints.gguf import CONVERT_VERSION, convert_gguf
 
     cache = Path(os.environ.get("BLOCKDRAFT_CACHE", Path.home() / ".cache" / "blockdraft"))
     out = cache / f"smollm2-135m-instruct-{dtype}"
-    if not (out / "config.json").is_file():
+    config = out / "config.json"
+    if config.is_file() and json.loads(config.read_text()).get("blockdraft_convert_version", 1) < CONVERT_VERSION:
+        shutil.rmtree(out)                       # written by an older converter: convert again
+    if not config.is_file():
         tmp = out.with_name(out.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
         convert_gguf(gguf_path(), tmp, dtype=dtype)
         tmp.rename(out)
     return out

@@ -18,7 +18,7 @@ from .models.target import TargetModel
 from .sampling.params import SamplingParams
 from .sampling.probs import pick
 from .sampling.stops import StopCriteria
-from .spec.lattice import Lattice, block_lattice, walk
+from .spec_decode.lattice import Lattice, block_lattice, walk
 
 
 class LatticeBackend(Protocol):

@@ -20,7 +20,7 @@ from .default_model import NAME
 from .engine.engine import EngineConfig, LLMEngine
 from .errors import ConfigError, RequestError
 from .loading import load_drafter, load_target
-from .numerics import describe, resolve_dtype
+from .numerics import describe, resolve_dtype, resolve_quantization
 from .sampling.params import SamplingParams
 from .tokenizer import Tokenizer
 
@@ -102,7 +102,10 @@ class LLM:
             target_dir = smollm2_dir()
         else:
             target_dir = Path(target)
-        if quantization not in (None, "none") and tp is not None and tp.world > 1:
+        tensor_parallel = tp is not None and tp.world > 1
+        quantization = resolve_quantization(quantization, default_model=is_default_target(target),
+                                            tensor_parallel=tensor_parallel)
+        if quantization != "none" and tensor_parallel:
             raise ConfigError(f"quantization={quantization} with tensor parallelism is not supported "
                               "(the weight-only layers are not sharded); use quantization=none")
         self.target = load_target(target_dir, dtype, quantization)

@@ -56,3 +56,14 @@ def test_greedy_chat_is_coherent(converted):
     ids = tok.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
     out = generate_one(target, ids, SamplingParams(max_tokens=30), stop=StopCriteria(frozenset([tok.eos_token_id])))
     assert "Paris" in tok.decode(out.token_ids)
+
+
+def test_transformers_sees_exactly_the_model_vocabulary(converted, tmp_path_factory):
+    """AutoTokenizer on our directory: no added `<unk>` (llama.cpp's converter checks the count)."""
+    from blockdraft.default_model import smollm2_dir
+
+    hf = AutoTokenizer.from_pretrained(smollm2_dir())
+    assert len(hf) == converted[0].config.vocab_size == 49152
+    assert hf.unk_token == "<|endoftext|>" and hf.eos_token == "<|im_end|>"
+    text = "In 2024, 12345 apples. <|im_start|>user\nhi<|im_end|>"
+    assert hf.encode(text) == converted[1].encode(text)

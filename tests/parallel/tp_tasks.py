@@ -8,8 +8,8 @@ from blockdraft.models.drafter import MarkovHead
 from blockdraft.parallel.layers import TPGroup, shard_topk
 from blockdraft.parallel.shard import ShardedMarkovHead
 from blockdraft.sampling.params import SamplingParams
-from blockdraft.spec.lattice import dspark_lattice
-from blockdraft.spec.propose import markov_chain
+from blockdraft.spec_decode.lattice import dspark_lattice
+from blockdraft.spec_decode.propose import markov_chain
 
 
 def markov_case(vocab: int = 16, rank: int = 4, seed: int = 0):

@@ -115,13 +115,21 @@ def gguf_tokenizer(reader):
         tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([t for t, kind in zip(tokens, types) if kind == TOKEN_TYPE_CONTROL])
-    bos, eos = _field(reader, "tokenizer.ggml.bos_token_id"), _field(reader, "tokenizer.ggml.eos_token_id")
-    tok_config = {"bos_token": tokens[bos] if bos is not None else None,
-                  "eos_token": tokens[eos] if eos is not None else None,
+    ids = {name: _field(reader, f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos", "unknown", "padding")}
+    name_of = (lambda i: tokens[i] if i is not None else None)
+    # tokenizer_class: a generic fast tokenizer over tokenizer.json. Without it transformers picks
+    # LlamaTokenizerFast from model_type=llama, which adds an `<unk>` token the model does not have
+    # (49,153 ids for a 49,152-row embedding) when no unk_token is named.
+    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast",
+                  "bos_token": name_of(ids["bos"]), "eos_token": name_of(ids["eos"]),
+                  "unk_token": name_of(ids["unknown"]), "pad_token": name_of(ids["padding"]),
                   "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
                   "chat_template": _field(reader, "tokenizer.chat_template"),
                   "model_max_length": int(_field(reader, "llama.context_length", 2048))}
     return tok, tok_config
+
+
+CONVERT_VERSION = 2    # bump when the written directory changes; cached conversions older than this are redone
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "bfloat16",
@@ -151,6 +159,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "bfloa
     tokenizer, tok_config = gguf_tokenizer(reader)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config["blockdraft_convert_version"] = CONVERT_VERSION
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tokenizer.save(str(out_dir / "tokenizer.json"))
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")

@@ -16,8 +16,8 @@ from ..cache.paged import PagedKVPool, PagedStep, context_read, pad_tables
 from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
 from ..sampling.probs import pick, sampling_probs
-from ..spec.propose import block_rows, choose_drafts, confident_prefix, draft_slots
-from ..spec.verify import greedy_accept_ids, rejection_accept
+from ..spec_decode.propose import block_rows, choose_drafts, confident_prefix, draft_slots
+from ..spec_decode.verify import greedy_accept_ids, rejection_accept
 from .sequence import Sequence
 
 

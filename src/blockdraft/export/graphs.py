@@ -23,7 +23,7 @@ from ..layers.attention import causal_visibility
 from ..models.drafter import BlockDrafter
 from ..models.kv_cache import ContextRead
 from ..models.target import TargetModel
-from ..spec.lattice import block_lattice
+from ..spec_decode.lattice import block_lattice
 
 
 def _past_positions(position_ids: torch.Tensor, past: torch.Tensor) -> torch.Tensor:

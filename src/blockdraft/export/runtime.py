@@ -17,7 +17,7 @@ import torch
 
 from ..checkpoints.resolve import runtime_json_section
 from ..errors import ConfigError
-from ..spec.lattice import Lattice
+from ..spec_decode.lattice import Lattice
 
 ORT_TYPES = {"float32": "tensor(float)", "bfloat16": "tensor(bfloat16)", "int64": "tensor(int64)"}
 

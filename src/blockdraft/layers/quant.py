@@ -78,7 +78,7 @@ class QuantizedLinear(nn.Module):
         return torch._weight_int4pack_mm_for_cpu(flat, self.qweight, INT4_GROUP, self.scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)                                  # [rows, in]
+        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()                     # [rows, in]
         out = self._mm(flat)
         if self.bias is not None:
             out = out + self.bias

@@ -3,7 +3,7 @@
 The backbone projects the target's taps into a context (`hidden_norm(fc(taps))`)
 whose K/V live in the drafter's own cache ("KV injection"); the block
 `[anchor, mask, ...]` attends to `[context ‖ block]`. Which rows become drafts and
-how tokens are chosen from the logits is `spec/propose.py`'s business; this
+how tokens are chosen from the logits is `spec_decode/propose.py`'s business; this
 module only turns (context, block) into hidden states and logits.
 """
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from blockdraft.sampling.params import SamplingParams
-from blockdraft.spec.lattice import dspark_lattice, walk
-from blockdraft.spec.propose import markov_chain
+from blockdraft.spec_decode.lattice import dspark_lattice, walk
+from blockdraft.spec_decode.propose import markov_chain
 from conftest import random_prompts
 
 

@@ -17,7 +17,7 @@ from blockdraft.decode import generate_one
 from blockdraft.loading import load_drafter
 from blockdraft.sampling.params import SamplingParams
 from blockdraft.sampling.stops import StopCriteria
-from blockdraft.spec.propose import markov_chain, propose
+from blockdraft.spec_decode.propose import markov_chain, propose
 from blockdraft.cli import main
 from conftest import ASSETS, load_golden
 

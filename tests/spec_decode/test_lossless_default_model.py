@@ -1,4 +1,5 @@
-"""Lossless on the default model in the numerics it ships with (bf16), through the batch engine.
+"""Lossless on the default model in every numerics it runs in (bf16, and its weight-only int8 /
+int4 forms: each against plain decoding of the same numerics), through the batch engine.
 
 Before the row-invariant kernels (`layers/linear.py`, `layers/attention.py`) bf16 speculation
 differed from plain decoding on real prompts (6 of 10 runs in issue 13's check; 1 of 2
@@ -22,23 +23,36 @@ def prompts():
     return load_set("humaneval", 1) + load_set("chat", 1) + load_set("math", 1)
 
 
+@pytest.fixture(scope="module", params=["none", "int8", "int4"])
+def quant(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def plain(prompts):
-    llm = blockdraft.LLM(drafter="none", dtype="bfloat16", max_batch=1)
+def plain(prompts, quant):
+    llm = blockdraft.LLM(drafter="none", dtype="bfloat16", quantization=quant, max_batch=1)
     return [o.token_ids for o in llm.generate(prompts, blockdraft.SamplingParams(max_tokens=TOKENS), chat=True)]
 
 
 @pytest.mark.parametrize("drafter", ["dspark", "dflash"])
-def test_speculative_equals_plain_bf16(prompts, plain, drafter):
-    llm = blockdraft.LLM(drafter=drafter, dtype="bfloat16", max_batch=1, adaptive_speculation=False)
+def test_speculative_equals_plain(prompts, plain, quant, drafter):
+    llm = blockdraft.LLM(drafter=drafter, dtype="bfloat16", quantization=quant, max_batch=1,
+                         adaptive_speculation=False)
     outs = llm.generate(prompts, blockdraft.SamplingParams(max_tokens=TOKENS), chat=True)
     assert [o.token_ids for o in outs] == plain
     assert any(a > 1 for o in outs for a in o.acceptance_lengths)
 
 
-def test_batched_equals_alone_bf16(prompts, plain):
+def test_batched_equals_alone(prompts, plain, quant):
     """The three requests side by side (ragged lengths, one batch) give each one's solo output,
     with the draft width chosen by measured cost (the default)."""
-    llm = blockdraft.LLM(drafter="dspark", dtype="bfloat16", max_batch=3)
+    llm = blockdraft.LLM(drafter="dspark", dtype="bfloat16", quantization=quant, max_batch=3)
     outs = llm.generate(prompts, blockdraft.SamplingParams(max_tokens=TOKENS), chat=True)
     assert [o.token_ids for o in outs] == plain
+
+
+def test_numerics_are_reported(quant):
+    """The numerics in use are reported; auto runs the default model's own 4-bit weights on a CPU."""
+    llm = blockdraft.LLM(drafter="none", dtype="bfloat16", quantization=quant, max_batch=1)
+    assert llm.numerics["quantization"] == quant and llm.numerics["dtype"] == "bfloat16"
+    assert blockdraft.LLM(drafter="none").numerics["quantization"] == "int4"     # auto on a CPU
