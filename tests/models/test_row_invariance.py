@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from blockdraft.layers.attention import attend, causal_visibility
+from blockdraft.cache.views import causal_visibility
+from blockdraft.layers.attention import attend
 from blockdraft.layers.linear import stable_linear
 
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..layers.attention import causal_visibility
-from ..models.kv_cache import ContextRead
+from .views import ContextRead, causal_visibility
 
 
 class PagedKVPool:

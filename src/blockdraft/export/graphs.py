@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from ..config import Taps
-from ..layers.attention import causal_visibility
+from ..cache.views import causal_visibility
 from ..models.drafter import BlockDrafter
-from ..models.kv_cache import ContextRead
+from ..cache.views import ContextRead
 from ..models.target import TargetModel
 from ..spec_decode.lattice import block_lattice
 

@@ -83,20 +83,3 @@ def _row_stable_chunk(q, k, v, visible, scale: float, groups: int) -> torch.Tens
         acc, total = acc + parts[:, :, i], total + denom[:, :, i]
     out = (acc / total.clamp_min(1e-300)).to(q.dtype)                           # rows that see nothing -> 0
     return out.view(b, hkv, groups, tq, d).reshape(b, h, tq, d)
-
-
-def causal_visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None,
-                      causal: bool = True) -> torch.Tensor:
-    """Visibility by absolute position: q_pos [b, tq], k_pos [b, tk] -> [b, 1, tq, tk].
-
-    causal: k <= q; window: |q - k| < window (one-sided when causal).
-    """
-    diff = q_pos[:, :, None] - k_pos[:, None, :]
-    visible = torch.ones_like(diff, dtype=torch.bool)
-    if causal:
-        visible = visible & (diff >= 0)
-    if window is not None:
-        visible = visible & (diff < window)
-        if not causal:
-            visible = visible & (-diff < window)
-    return visible[:, None]

@@ -17,7 +17,8 @@ from torch.nn import functional as F
 
 from ..config import DrafterConfig
 from ..errors import ConfigError
-from ..layers.attention import attend, causal_visibility
+from ..cache.views import causal_visibility
+from ..layers.attention import attend
 from ..layers.linear import StableLinear
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary, apply_rope

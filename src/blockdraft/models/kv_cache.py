@@ -12,26 +12,9 @@ batch version with the same `StepView` shape.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from ..layers.attention import causal_visibility
-
-
-@dataclass
-class ContextRead:
-    """Committed K/V a block attends to (the drafter's context), per drafter layer.
-
-    Layers may hold different rows (a sliding-window layer keeps a ring of recent rows),
-    so positions and validity are per layer too.
-    """
-
-    keys: list[torch.Tensor]       # per layer [b, hkv, C_l, d]
-    values: list[torch.Tensor]     # per layer [b, hkv, C_l, d]
-    positions: list[torch.Tensor]  # per layer [b, C_l] absolute positions of the rows
-    valid: list[torch.Tensor]      # per layer [b, C_l] False for padding / empty ring slots
-    start: torch.Tensor            # [b] position of each row's anchor (= its context length)
+from ..cache.views import ContextRead, causal_visibility
 
 
 class KVCache:

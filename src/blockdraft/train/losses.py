@@ -18,7 +18,7 @@ from torch.nn import functional as F
 
 from ..errors import ConfigError
 from ..models.drafter import BlockDrafter
-from ..models.kv_cache import ContextRead
+from ..cache.views import ContextRead
 
 
 @dataclass

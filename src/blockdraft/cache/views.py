@@ -1,0 +1,43 @@
+"""What a step may read from a cache: visibility by position and the committed-context view.
+
+Bookkeeping only (no model code): the caches in `cache/` and `models/kv_cache.py` build these,
+the models' attention consumes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ContextRead:
+    """Committed K/V a block attends to (the drafter's context), per drafter layer.
+
+    Layers may hold different rows (a sliding-window layer keeps a ring of recent rows),
+    so positions and validity are per layer too.
+    """
+
+    keys: list[torch.Tensor]       # per layer [b, hkv, C_l, d]
+    values: list[torch.Tensor]     # per layer [b, hkv, C_l, d]
+    positions: list[torch.Tensor]  # per layer [b, C_l] absolute positions of the rows
+    valid: list[torch.Tensor]      # per layer [b, C_l] False for padding / empty ring slots
+    start: torch.Tensor            # [b] position of each row's anchor (= its context length)
+
+
+def causal_visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None,
+                      causal: bool = True) -> torch.Tensor:
+    """Visibility by absolute position: q_pos [b, tq], k_pos [b, tk] -> [b, 1, tq, tk].
+
+    causal: k <= q; window: |q - k| < window (one-sided when causal).
+    """
+    diff = q_pos[:, :, None] - k_pos[:, None, :]
+    visible = torch.ones_like(diff, dtype=torch.bool)
+    if causal:
+        visible = visible & (diff >= 0)
+    if window is not None:
+        visible = visible & (diff < window)
+        if not causal:
+            visible = visible & (-diff < window)
+    return visible[:, None]
