@@ -437,7 +437,7 @@ def _generate_tp(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
     prompt_ids = llm.encode(args.prompt, args.chat) if args.prompt is not None else args.prompt_ids
-    from .decode import check_request
+    from .engine.admission import check_request
 
     check_request(llm.target, prompt_ids, params)
     job = GenerateJob(ModelSpec(llm.target.source_dir, llm.drafter_dir, str(llm.target.dtype).removeprefix("torch."),
@@ -458,7 +458,7 @@ def _generate_onnx(args: argparse.Namespace) -> int:
     """`generate --onnx DIR`: the exported graphs on onnxruntime, same loop and output as the torch path."""
     from pathlib import Path
 
-    from .decode import check_prompt
+    from .engine.admission import check_prompt
     from .errors import RequestError
     from .export.runtime import OnnxBackend
     from .lattice_decode import lattice_generate

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import RequestError
 from .models.drafter import BlockDrafter
 from .models.target import TargetModel
+from .engine.admission import check_request
 from .sampling.params import SamplingParams
 from .sampling.probs import pick, sampling_probs
 from .sampling.stops import StopCriteria
@@ -72,22 +72,6 @@ def append_committed(tokens: list[int], new: list[int], room: int, stop: StopCri
         produced -= len(tokens) - hit[0]
         del tokens[hit[0]:]
     return produced, hit
-
-
-def check_request(target: TargetModel, prompt_ids: list[int], params: SamplingParams) -> None:
-    check_prompt(prompt_ids, params, target.config.vocab_size, target.config.max_position_embeddings)
-
-
-def check_prompt(prompt_ids: list[int], params: SamplingParams, vocab_size: int, context_length: int) -> None:
-    """Refuse an empty prompt, ids outside the vocabulary, or prompt + max_tokens past the context."""
-    if not prompt_ids:
-        raise RequestError("prompt is empty: at least one token is needed")
-    bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
-    if bad:
-        raise RequestError(f"prompt token ids {bad[:5]} outside the vocabulary [0, {vocab_size})")
-    if len(prompt_ids) + params.max_tokens > context_length:
-        raise RequestError(f"prompt length {len(prompt_ids)} + max_tokens {params.max_tokens} exceeds the "
-                           f"context length max_position_embeddings={context_length}")
 
 
 @torch.inference_mode()

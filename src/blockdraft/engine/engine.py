@@ -20,7 +20,7 @@ from ..cache.block_manager import BlockManager
 from ..cache.paged import PagedKVPool
 from ..cache.ring import DrafterRing
 from ..cache.plan import CachePlan, KVGeometry, plan_cache
-from ..decode import check_request
+from .admission import check_request
 from ..errors import ConfigError, RequestError
 from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
