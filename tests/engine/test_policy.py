@@ -18,12 +18,12 @@ def _measure(policy, batch, cost_of, accepted_of):
 
 def test_tries_every_width_widest_first():
     policy = DraftWidthPolicy(8, explore_every=1000)
-    assert policy.widths == [0, 1, 2, 4, 8]
+    assert policy.widths == [0, 1, 2, 3, 4, 5, 6, 7, 8]
     seen = []
-    for _ in range(5):
+    for _ in range(9):
         seen.append(policy.choose(1))
         policy.record(1, seen[-1], 1.0, [seen[-1]], [0])
-    assert seen == [8, 4, 2, 1, 0]
+    assert seen == [8, 7, 6, 5, 4, 3, 2, 1, 0]
 
 
 def test_dear_verify_and_weak_drafts_decode_plainly():
