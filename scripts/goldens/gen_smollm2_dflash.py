@@ -1,7 +1,8 @@
-"""Interop golden: the shipped SmolLM2 DFlash drafter run by the reference `dflash` package.
+"""Interop golden: a SmolLM2 DFlash drafter in our published layout run by the reference `dflash` package.
 
 Loads the converted SmolLM2-135M-Instruct (path in argv[1]; regen.sh asks blockdraft for it)
-and `src/blockdraft/assets/smollm2/dflash` with transformers / `DFlashDraftModel.from_pretrained`,
+and `tests/goldens/smollm2-dflash-fullvocab` (the first drafter shipped for it: full vocabulary,
+which the reference can read; the shipped drafters prune theirs) with transformers / `DFlashDraftModel.from_pretrained`,
 both in fp32, and records `dflash_generate`'s greedy tokens and per-step acceptance lengths
 on chat prompts (ids from the HF tokenizer's chat template). Run with the dflash venv's python.
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import dflash.model
 import torch
-from common import SHIPPED, dir_digest, write
+from common import INTEROP_DFLASH, dir_digest, write
 from dflash.model import DFlashDraftModel, dflash_generate
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -27,10 +28,10 @@ def main() -> None:
     target_dir = Path(sys.argv[1])
     tok = AutoTokenizer.from_pretrained(target_dir)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    drafter = DFlashDraftModel.from_pretrained(SHIPPED / "dflash", dtype=torch.float32).eval()
+    drafter = DFlashDraftModel.from_pretrained(INTEROP_DFLASH, dtype=torch.float32).eval()
     payload = {"reference": "dflash 0.1.0 / transformers 5.15.0", "max_new_tokens": MAX_NEW, "dtype": "float32",
                "stop_token_ids": [tok.convert_tokens_to_ids("<|im_end|>")],
-               "digests": {"target": dir_digest(target_dir), "drafter": dir_digest(SHIPPED / "dflash")}, "cases": []}
+               "digests": {"target": dir_digest(target_dir), "drafter": dir_digest(INTEROP_DFLASH)}, "cases": []}
     for text in PROMPTS:
         prompt = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                          tokenize=True, return_dict=False)

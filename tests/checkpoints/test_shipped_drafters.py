@@ -1,9 +1,11 @@
 """The drafters shipped for SmolLM2 load as published, run losslessly, and interoperate.
 
 Interop: `tests/goldens/smollm2_dflash.json` holds the reference `dflash` package's greedy
-tokens and per-step acceptance lengths for the shipped DFlash drafter on the converted
-SmolLM2 (fp32; scripts/goldens/gen_smollm2_dflash.py). Equal ALs mean the reference read
-our published layout exactly as we do.
+tokens and per-step acceptance lengths for a SmolLM2 DFlash drafter in our published layout
+(`tests/goldens/smollm2-dflash-fullvocab`, the first one shipped: the reference has no
+pruned-vocabulary support, and the shipped drafters prune theirs) on the converted SmolLM2
+(fp32; scripts/goldens/gen_smollm2_dflash.py). Equal ALs mean the reference read our
+published layout exactly as we do.
 """
 
 import json
@@ -14,11 +16,13 @@ import pytest
 
 from blockdraft.decode import generate_one
 from blockdraft.default_model import smollm2_dir
-from blockdraft.llm import DEFAULT_DRAFTERS, SHIPPED_DRAFTERS
+from blockdraft.llm import DEFAULT_DRAFTERS
 from blockdraft.loading import load_drafter, load_target
 from blockdraft.sampling.params import SamplingParams
 from blockdraft.sampling.stops import StopCriteria
 from conftest import GOLDENS
+
+INTEROP = GOLDENS / "smollm2-dflash-fullvocab"
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "goldens"))
 from common import dir_digest  # noqa: E402
@@ -33,7 +37,7 @@ def smollm2_fp32():
 
 
 def test_golden_matches_the_shipped_weights():
-    assert GOLDEN["digests"]["drafter"] == dir_digest(SHIPPED_DRAFTERS / "dflash"), \
+    assert GOLDEN["digests"]["drafter"] == dir_digest(INTEROP), \
         "smollm2_dflash.json was made from other weights; run scripts/goldens/regen.sh"
     assert GOLDEN["digests"]["target"] == dir_digest(smollm2_dir())
 
@@ -41,7 +45,7 @@ def test_golden_matches_the_shipped_weights():
 @pytest.mark.parametrize("i", range(len(GOLDEN["cases"])))
 def test_shipped_dflash_equals_reference_dflash(smollm2_fp32, i):
     case = GOLDEN["cases"][i]
-    drafter = load_drafter(DEFAULT_DRAFTERS["dflash"], smollm2_fp32)
+    drafter = load_drafter(INTEROP, smollm2_fp32)
     gen = generate_one(smollm2_fp32, case["prompt"], SamplingParams(max_tokens=GOLDEN["max_new_tokens"]), drafter,
                        StopCriteria(eos_ids=frozenset(GOLDEN["stop_token_ids"])))
     assert gen.token_ids == case["tokens"]
