@@ -14,6 +14,7 @@ from blockdraft.errors import BlockdraftError, ConfigError
 from blockdraft.export.onnx_export import export_onnx
 from blockdraft.export.runtime import OnnxBackend
 from blockdraft.lattice_decode import TorchLatticeBackend, lattice_generate
+from blockdraft.spec_decode.lattice import greedy_chain
 from blockdraft.loading import load_drafter, load_target
 from blockdraft.sampling.params import SamplingParams
 from blockdraft.sampling.stops import StopCriteria
@@ -91,6 +92,38 @@ def test_full_vocab_lattice_equals_the_markov_chain_path(tmp_path):
         ref = generate_one(target, prompt, params, drafter)
         got = lattice_generate(backend, prompt, params)
         assert got.token_ids == ref.token_ids and got.acceptance_lengths == ref.acceptance_lengths
+
+
+def test_default_k_follows_the_chain_when_the_markov_bias_dominates(tmp_path):
+    """A DSpark drafter whose Markov bias moves the argmax out of the base top-8: the exported
+    lattice still holds the greedy chain's token, so `generate --onnx` at the default K equals the
+    full-vocabulary torch path (generate_one), tokens and per-step acceptance lengths."""
+    from safetensors.torch import load_file, save_file
+
+    src, dst = ASSETS / "dspark", tmp_path / "bias"
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    tensors["markov_head.markov_w2.weight"] = tensors["markov_head.markov_w2.weight"] * 6
+    save_file(tensors, str(dst / "model.safetensors"))
+    target = load_target(TARGET, "float32")
+    drafter = load_drafter(dst, target)
+    out = export_onnx(TARGET, dst, tmp_path / "out", "fp32")                  # default K = 8
+    backend, torch_k8 = OnnxBackend(out), TorchLatticeBackend(target, drafter)
+    moved = 0
+    for prompt in PROMPTS[:3]:
+        params = SamplingParams(max_tokens=30)
+        ref = generate_one(target, prompt, params, drafter)
+        got = lattice_generate(backend, prompt, params)
+        assert got.token_ids == ref.token_ids and got.acceptance_lengths == ref.acceptance_lengths
+        assert lattice_generate(torch_k8, prompt, params).acceptance_lengths == ref.acceptance_lengths
+        ids = target(torch.tensor([prompt]), tap_layers=drafter.config.taps)
+        cache = drafter.new_cache()
+        drafter.extend_context(ids.taps, cache)
+        anchor = ids.logits[0, -1].argmax().view(1)
+        logits = drafter.logits(drafter.block_hidden(anchor, drafter.config.block_size, cache))
+        chain = greedy_chain(logits, anchor, drafter.markov_head)
+        moved += int((~(logits[0].topk(8, dim=-1).indices == chain[0][:, None]).any(-1)).sum())
+    assert moved > 0, "the Markov bias never left the base top-8: the check is vacuous"
 
 
 def test_shared_initializers_are_stored_once(exported):

@@ -1,9 +1,8 @@
-"""The candidate lattice contract, and when the DSpark lattice walk equals the full Markov chain.
+"""The candidate lattice contract, and the DSpark lattice walk equal to the full Markov chain.
 
-The greedy walk only sees the top-K base candidates per slot. It equals the
-full-vocabulary chain whenever the chain's token is inside the top-K at every
-slot; at the first slot where the chain's token lies outside the top-K the walk
-necessarily picks something else (and everything after may differ).
+Base top-K alone loses the full-vocabulary chain wherever the Markov bias moves the argmax
+out of it; the lattice therefore always holds the greedy chain's token (last place when the
+top-K lacks it), and the greedy walk equals the chain at every K.
 """
 
 import pytest
@@ -39,25 +38,17 @@ def test_lattice_shapes_dtypes_and_slot0_rows(target, drafters):
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 16, 128])
-def test_walk_equals_chain_exactly_when_chain_stays_in_top_k(target, drafters, k):
+def test_walk_equals_chain_at_every_k(target, drafters, k):
     drafter = drafters["dspark"]
-    equal_cases = differing_cases = 0
+    outside_base_top_k = 0
     for prompt in random_prompts(30, seed=k):
         anchor, logits = block_logits(target, drafter, prompt)
         chain, _, _ = markov_chain(logits, anchor, drafter.markov_head, SamplingParams(), None)
         lat = dspark_lattice(logits, anchor, drafter.markov_head, k)
         walked, _ = walk(lat, SamplingParams(), None, drafter.config.vocab_size)
-        inside = (lat.candidate_ids[0] == chain[0][:, None]).any(-1)             # [n]
-        first_out = int((~inside).nonzero()[0]) if not inside.all() else None
-        if first_out is None:
-            assert torch.equal(walked, chain)
-            equal_cases += 1
-        else:  # identical up to the first slot that leaves the top-K, different there
-            assert torch.equal(walked[0, :first_out], chain[0, :first_out])
-            assert walked[0, first_out] != chain[0, first_out]
-            differing_cases += 1
-    if k == 128:
-        assert differing_cases == 0
+        assert torch.equal(walked, chain)
+        assert bool((lat.candidate_ids[0] == chain[0][:, None]).any(-1).all())      # the chain is in the set
+        base = logits[0].float().topk(k, dim=-1).indices                             # [n, K]
+        outside_base_top_k += int((~(base == chain[0][:, None]).any(-1)).sum())
     if k == 1:
-        assert differing_cases > 0, "K=1 should expose the Markov bias moving the argmax"
-    assert equal_cases + differing_cases == 30
+        assert outside_base_top_k > 0, "K=1 should expose the Markov bias moving the argmax"

@@ -1,7 +1,8 @@
 """Candidate lattice (ORT-GenAI contract) and the walk over it.
 
 `candidate_ids` int64 [batch, n, K]: the top-K base draft logits per slot (sorted,
-best first, equal logits in ascending id order). `scores` fp32 [batch, n, K, K]:
+best first, equal logits in ascending id order); for DSpark the greedy full-vocabulary
+chain's token replaces the last one when the top-K lacks it. `scores` fp32 [batch, n, K, K]:
 `scores[b, i, p, j]` = base logit of candidate j at slot i + edge(candidate p of
 slot i-1 → candidate j of slot i);
 slot 0's predecessor is the anchor, so its K rows are equal. Edge math is fp32.
@@ -36,16 +37,29 @@ def dspark_lattice(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead,
                    to_target=None) -> Lattice:
     """logits [b, n, V] (before the Markov bias) -> lattice with edges W1[pred] · W2[cand].
 
+    The K candidates of a slot are the top-K base logits, except that the token of the greedy
+    full-vocabulary Markov chain always takes the last place when the top-K lacks it: the chain
+    is n small matmuls, and with its token present the greedy walk (which, having followed the
+    chain to slot i-1, scores slot i's candidates exactly as the chain scores the vocabulary)
+    picks the chain at every K. Base top-K alone loses the chain whenever the Markov bias moves
+    the argmax (measured on a bias-dominated drafter: acceptance 1.3 at K=8 against 4.5 for the
+    chain).
+
     With a pruned vocabulary, logits and W2 rows are draft ids; `to_target` maps the candidates
     to the target ids the lattice carries (and W1 reads).
 
     Under tensor parallelism (`head` vocab-sharded, `logits` this rank's shard) the top-K is
-    global and each rank scores the candidates whose W2 rows it holds; one all-reduce sums them."""
+    global and each rank scores the candidates whose W2 rows it holds; one all-reduce sums them
+    (the chain is not added there)."""
     sharded = hasattr(head, "tp")
     if sharded:
         unary, cand = shard_topk(logits, k, head.lo, head.tp)
     else:
         unary, cand = topk_lowest_id(logits.float(), k)                  # [b, n, K]
+        chain = greedy_chain(logits, anchor, head, to_target)             # [b, n] draft ids
+        missing = ~(cand == chain[..., None]).any(-1)                     # [b, n]
+        cand = torch.cat([cand[..., :-1], torch.where(missing, chain, cand[..., -1])[..., None]], dim=-1)
+        unary = torch.gather(logits.float(), -1, cand)
     cand_ids = cand if to_target is None else to_target(cand)            # [b, n, K] target ids
     pred_embed = head.markov_w1(_predecessors(anchor, cand_ids)).float()  # [b, n, K, r]
     if sharded:
@@ -56,6 +70,18 @@ def dspark_lattice(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead,
         succ = head.markov_w2.weight.float()[cand]                       # [b, n, K, r]
         edges = torch.einsum("bipr,bijr->bipj", pred_embed, succ)
     return Lattice(cand_ids, unary[:, :, None, :] + edges)
+
+
+def greedy_chain(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead, to_target=None) -> torch.Tensor:
+    """The greedy DSpark chain over the full (draft) vocabulary: [b, n] draft ids,
+    d_i = argmax(logits_i + W2(W1[d_{i-1}])), d_0's predecessor the anchor."""
+    prev, out = anchor, []
+    for i in range(logits.shape[1]):
+        bias, _ = head(prev)                                              # [b, V]
+        pick = (logits[:, i].float() + bias).argmax(dim=-1)
+        out.append(pick)
+        prev = pick if to_target is None else to_target(pick)
+    return torch.stack(out, dim=1)
 
 
 def dflash2_lattice(logits: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor,
