@@ -26,11 +26,28 @@ def _speculation_args(p: argparse.ArgumentParser) -> None:
                    "(default: the drafter's block)")
 
 
+def _device_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where the models, caches and every "
+                   "step's tensors live (--tp runs CPU ranks)")
+
+
 def _quantization_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", choices=["auto", "none", "int8", "int4"], default="auto",
                    help="weight-only target quantization on the CPU (bf16 activations): a different model from "
                    "the bf16 one, and speculation is lossless against it. auto: int4 for the default model "
                    "(it ships as a 4-bit GGUF) on a CPU without --tp, none otherwise")
+
+
+def _tp_on_cpu(args: argparse.Namespace) -> None:
+    """--tp runs gloo ranks on the CPU with unquantized weights: refuse what it cannot honour, by name."""
+    from .errors import ConfigError
+
+    if args.quantization not in ("none", "auto"):
+        raise ConfigError(f"--quantization {args.quantization} with --tp is not supported (the weight-only "
+                          "layers are not sharded); use --quantization none")
+    if args.device != "cpu":
+        raise ConfigError(f"--device {args.device} with --tp is not supported: tensor-parallel ranks run on the "
+                          "CPU (gloo); drop --tp or use --device cpu")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="auto: bfloat16 (row-invariant, exactly lossless) for the default model, float32 otherwise")
     _quantization_arg(g)
+    _device_arg(g)
     _speculation_args(g)
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
@@ -91,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="auto: bfloat16 (row-invariant, exactly lossless) for the default model, float32 otherwise")
     _quantization_arg(s)
+    _device_arg(s)
     s.set_defaults(func=cmd_serve)
 
     c = sub.add_parser("convert", help="convert a GGUF (llama.cpp) file into a Hugging Face directory",
@@ -149,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-hf", action="store_true", help="skip the transformers generate baseline")
     b.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 for the default model")
     _quantization_arg(b)
+    _device_arg(b)
     b.add_argument("--batch-sizes", default="1", help="comma-separated batch sizes, e.g. 1,8 (HF runs batch 1)")
     b.add_argument("--adaptive-speculation", action=argparse.BooleanOptionalAction, default=True,
                    help="draft width from measured cost, as generate/serve run (--no-...: always the full block)")
@@ -198,7 +218,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench.run import BenchConfig, plot, run_bench, table
     from .errors import ConfigError
     from .llm import is_default_target, resolve_drafter_dir
-    from .numerics import resolve_quantization
+    from .numerics import resolve_device, resolve_quantization
 
     drafters = {}
     for item in filter(None, (d.strip() for d in args.drafters.split(","))):
@@ -215,8 +235,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       repeats=1 if args.quick else args.repeats, hf_baseline=not args.no_hf,
                       dtype=args.dtype or ("bfloat16" if is_default_target(args.target) else "float32"),
                       batch_sizes=batch_sizes, adaptive=args.adaptive_speculation,
-                      quantization=resolve_quantization(args.quantization, default_model=is_default_target(args.target),
-                                                        tensor_parallel=args.tp != 1))
+                      quantization=resolve_quantization(args.quantization, args.device,
+                                                        default_model=is_default_target(args.target),
+                                                        tensor_parallel=args.tp != 1),
+                      device=resolve_device(args.device))
     from .bench.prompt_sets import SETS
 
     unknown = [s for s in cfg.sets if s not in SETS]
@@ -229,9 +251,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         target_dir = Path(args.target)
     if args.tp != 1:
-        if cfg.quantization not in ("none", "auto"):
-            raise ConfigError(f"--quantization {cfg.quantization} with --tp is not supported (the weight-only "
-                              "layers are not sharded); use --quantization none")
+        _tp_on_cpu(args)
         from .loading import load_drafter, load_target
         from .parallel.launch import run_tp
         from .parallel.shard import check_tp
@@ -354,11 +374,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     kwargs = dict(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, max_batch=args.max_batch,
                   cache_budget_bytes=args.cache_budget, max_model_len=args.max_model_len,
                   adaptive_speculation=args.adaptive_speculation, num_speculative_tokens=args.num_speculative_tokens,
-                  quantization=args.quantization)
+                  quantization=args.quantization, device=args.device)
     if args.tp != 1:
-        if args.quantization not in ("none", "auto"):
-            raise ConfigError(f"--quantization {args.quantization} with --tp is not supported (the weight-only "
-                              "layers are not sharded); use --quantization none")
+        _tp_on_cpu(args)
         import signal
 
         from .parallel.launch import run_tp
@@ -392,7 +410,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     drafter = args.drafter if args.drafter is not None else "default"
     llm = LLM(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, block_size=args.block_size,
               confidence_threshold=args.confidence_threshold, adaptive_speculation=args.adaptive_speculation,
-              num_speculative_tokens=args.num_speculative_tokens, quantization=args.quantization)
+              num_speculative_tokens=args.num_speculative_tokens, quantization=args.quantization,
+              device=args.device)
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
     prompt_ids = llm.encode(args.prompt, args.chat) if args.prompt is not None else args.prompt_ids
@@ -428,9 +447,7 @@ def _generate_tp(args: argparse.Namespace) -> int:
     from .sampling.params import SamplingParams
 
     drafter = args.drafter if args.drafter is not None else "default"
-    if args.quantization not in ("none", "auto"):
-        raise ConfigError(f"--quantization {args.quantization} with --tp is not supported (the weight-only "
-                          "layers are not sharded); use --quantization none")
+    _tp_on_cpu(args)
     llm = LLM(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, block_size=args.block_size,
               confidence_threshold=args.confidence_threshold, max_batch=1, quantization="none")
     check_tp(args.tp, llm.target.config, llm.drafter.config if llm.drafter is not None else None)

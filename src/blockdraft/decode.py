@@ -80,7 +80,7 @@ def generate_one(target: TargetModel, prompt_ids: list[int], params: SamplingPar
                  confidence_threshold: float = 0.0) -> Generation:
     check_request(target, prompt_ids, params)
     stop = stop or StopCriteria()
-    generator = params.generator()
+    generator = params.generator(target.device)
     taps = drafter.config.taps if drafter is not None else ()
     prompt_len = len(prompt_ids)
     max_length = prompt_len + params.max_tokens

@@ -20,7 +20,7 @@ from .default_model import NAME
 from .engine.engine import EngineConfig, LLMEngine
 from .errors import ConfigError, RequestError
 from .loading import load_drafter, load_target
-from .numerics import describe, resolve_dtype, resolve_quantization
+from .numerics import describe, resolve_device, resolve_dtype, resolve_quantization
 from .sampling.params import SamplingParams
 from .tokenizer import Tokenizer
 
@@ -85,7 +85,8 @@ class LLM:
                  block_size: int | None = None, confidence_threshold: float = 0.0,
                  cache_budget_bytes: int | None = None, max_model_len: int | None = None,
                  prefix_caching: bool = True, adaptive_speculation: bool = True,
-                 num_speculative_tokens: int | None = None, tp=None, quantization: str | None = None):
+                 num_speculative_tokens: int | None = None, tp=None, quantization: str | None = None,
+                 device: str | None = None):
         """`tp`: this process's TPGroup when it is one rank of a tensor-parallel group; the models
         are sharded and, on rank 0, `engine` mirrors every command to the other ranks."""
         if drafter == "default":
@@ -95,7 +96,8 @@ class LLM:
         if not 0.0 <= confidence_threshold < 1.0:
             raise ConfigError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
         drafter_dir = resolve_drafter_dir(target, drafter)
-        dtype = resolve_dtype(dtype, default_model=is_default_target(target))
+        device = resolve_device(device)
+        dtype = resolve_dtype(dtype, device, default_model=is_default_target(target))
         if is_default_target(target):   # SmolLM2-135M-Instruct
             from .default_model import smollm2_dir
 
@@ -103,12 +105,12 @@ class LLM:
         else:
             target_dir = Path(target)
         tensor_parallel = tp is not None and tp.world > 1
-        quantization = resolve_quantization(quantization, default_model=is_default_target(target),
+        quantization = resolve_quantization(quantization, device, default_model=is_default_target(target),
                                             tensor_parallel=tensor_parallel)
         if quantization != "none" and tensor_parallel:
             raise ConfigError(f"quantization={quantization} with tensor parallelism is not supported "
                               "(the weight-only layers are not sharded); use quantization=none")
-        self.target = load_target(target_dir, dtype, quantization)
+        self.target = load_target(target_dir, dtype, quantization, device)
         self.numerics = describe(self.target.dtype, getattr(self.target, "quantization", "none"))
         self.drafter_dir = drafter_dir
         self.drafter = load_drafter(drafter_dir, self.target, mode=mode, block_size=block_size) \

@@ -28,11 +28,11 @@ log = logging.getLogger(__name__)
 
 
 def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
-                quantization: str | None = None) -> TargetModel:
+                quantization: str | None = None, device: str | torch.device = "cpu") -> TargetModel:
     """A HF Llama/Qwen3 directory (config.json + safetensors, sharded or not) -> TargetModel.
     `quantization` int8 / int4: weight-only layers (`layers/quant.py`), bf16 activations, CPU."""
     model_dir = Path(model_dir)
-    scheme = check_scheme(quantization, torch_dtype(dtype))
+    scheme = check_scheme(quantization, torch_dtype(dtype), device)
     cfg = resolve_target(read_json(model_dir / "config.json"))
     tensors = _target_names(load_state_dict(model_dir))
     if cfg.tie_word_embeddings:
@@ -43,6 +43,7 @@ def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
     assign_weights(model, tensors, torch_dtype(dtype), f"target {model_dir}", optional)
     model.tie_weights()
     quantize_target(model, scheme)
+    model.to(device)
     model.source_dir = model_dir
     return model.eval().requires_grad_(False)
 
@@ -115,6 +116,7 @@ def load_drafter(drafter_dir: str | Path, target: TargetModel, mode: str | None 
     with torch.device("meta"):
         drafter = BlockDrafter(cfg, target)
     assign_weights(drafter, tensors, torch_dtype(dtype) if dtype else target.dtype, f"drafter {drafter_dir}")
+    drafter.to(target.device)                        # the drafter lives where its target does
     drafter.check_vocab_map(f"drafter {drafter_dir}")
     drafter.source_dir = drafter_dir
     return drafter.eval().requires_grad_(False)

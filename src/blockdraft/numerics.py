@@ -53,6 +53,22 @@ def native_bf16(flags: frozenset[str] | None = None) -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
+def resolve_device(requested: str | None) -> str:
+    """`cpu`, `cuda` or `cuda:N` -> a validated torch device string (default cpu); a device that is not
+    there is a named error before anything loads."""
+    name = (requested or "cpu").strip()
+    if name == "cpu":
+        return name
+    if name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {name}: no CUDA device is visible (torch.cuda.is_available() is False)")
+        index = int(name[5:]) if ":" in name else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+        return name
+    raise ConfigError(f"--device {name!r} is not a device (choose cpu, cuda or cuda:N)")
+
+
 def resolve_dtype(requested: str | None, device: str = "cpu", default_model: bool = False) -> str:
     """`auto`/None -> the dtype to load in; explicit names pass through (validated)."""
     if requested not in (None, "auto"):

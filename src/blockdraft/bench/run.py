@@ -35,6 +35,7 @@ class BenchConfig:
     hf_baseline: bool = True
     dtype: str = "bfloat16"
     quantization: str = "none"     # the target's weight-only scheme (the HF baseline stays at `dtype`)
+    device: str = "cpu"
     seed: int = 0
     batch_sizes: tuple[int, ...] = (1,)
     adaptive: bool = True              # draft width from measured cost (what serve/generate run)
@@ -70,15 +71,15 @@ def acceptance_summary(lengths: list[int], max_len: int) -> dict:
 class HFBaseline:
     """The same prompts through transformers' `generate` (same weights, same dtype)."""
 
-    def __init__(self, target_dir: Path, dtype: torch.dtype, eos_ids: list[int]):
+    def __init__(self, target_dir: Path, dtype: torch.dtype, eos_ids: list[int], device: str | torch.device = "cpu"):
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).to(device).eval()
         self.eos_ids = eos_ids
 
     @torch.inference_mode()
     def generate(self, prompt: list[int], params: SamplingParams) -> list[int]:
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=self.model.device)
         sample = params.temperature > 0
         if sample:
             torch.manual_seed(params.seed or 0)
@@ -93,7 +94,7 @@ def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig,
               tp=None) -> dict:
     """`tp`: a TPGroup when this is one rank of a tensor-parallel run (models are sharded; rank 0
     alone runs the HF baseline and shows progress)."""
-    target = load_target(target_dir, cfg.dtype, cfg.quantization)
+    target = load_target(target_dir, cfg.dtype, cfg.quantization, cfg.device)
     drafters = {name: load_drafter(path, target) for name, path in drafter_dirs.items()}
     if tp is not None and tp.world > 1:
         from ..parallel.shard import shard_models
@@ -102,7 +103,8 @@ def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig,
         progress = progress and tp.rank == 0
     tok = Tokenizer(target_dir)
     eos = sorted(set(target.config.eos_token_ids) | ({tok.eos_token_id} if tok.eos_token_id is not None else set()))
-    hf = HFBaseline(target_dir, target.dtype, eos) if cfg.hf_baseline and (tp is None or tp.rank == 0) else None
+    on_rank0 = tp is None or tp.rank == 0
+    hf = HFBaseline(target_dir, target.dtype, eos, target.device) if cfg.hf_baseline and on_rank0 else None
     modes = ["ar", *drafters] + (["hf"] if cfg.hf_baseline else [])
     prompts = {s: [tok.encode_chat([{"role": "user", "content": p}]) for p in load_set(s, cfg.prompts_per_set)]
                for s in cfg.sets}

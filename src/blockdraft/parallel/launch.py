@@ -33,8 +33,10 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
-def init_group(rank: int, world: int, init_method: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> TPGroup:
-    backend = "nccl" if torch.cuda.is_available() and os.environ.get("BLOCKDRAFT_TP_BACKEND") != "gloo" else "gloo"
+def init_group(rank: int, world: int, init_method: str, timeout_s: float = DEFAULT_TIMEOUT_S,
+               device: str = "cpu") -> TPGroup:
+    """gloo for CPU tensors, NCCL only when the ranks' tensors are on CUDA (not merely when CUDA is visible)."""
+    backend = "nccl" if str(device).startswith("cuda") else "gloo"
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
