@@ -65,7 +65,7 @@ def main() -> int:
 
     batches = [int(b) for b in args.batches.split(",")]
     texts = load_set("chat", args.prompts)
-    base = blockdraft.LLM(drafter="none", max_batch=max(batches))
+    base = blockdraft.LLM(drafter="none", max_batch=max(batches), quantization="none")
     tok = base.tokenizer
     prompts = [tok.encode_chat([{"role": "user", "content": t}]) for t in texts]
     rendered = [tok.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
@@ -152,7 +152,7 @@ def main() -> int:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(8, 3.8))
+        fig, ax = plt.subplots(figsize=(11, 4))
         width = 0.8 / len(batches)
         for j, batch in enumerate(batches):
             names = list(raw[batch])

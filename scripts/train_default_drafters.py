@@ -160,6 +160,9 @@ def cmd_eval(args) -> None:
     snaps = sorted((CACHE / "snapshots").glob("step_*"))
     if args.last:
         snaps = snaps[-args.last:]
+    if args.only:
+        keep = {int(x) for x in args.only.split(",")}
+        snaps = [p for p in snaps if int(p.name.split("_")[1]) in keep]
     for snap in snaps:
         step = int(snap.name.split("_")[1])
         for kind in KINDS:
@@ -264,6 +267,7 @@ def main() -> None:
     ap.add_argument("--hours", type=float, default=0, help="stop at the first checkpoint after this many hours")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--last", type=int, default=0, help="eval: only the last N snapshots")
+    ap.add_argument("--only", default="", help="eval: only these steps (comma-separated)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
     {"train": cmd_train, "eval": cmd_eval, "publish": cmd_publish}[args.command](args)
