@@ -16,14 +16,28 @@ def _measure(policy, batch, cost_of, accepted_of):
         policy.record(batch, w, cost_of(w), [w] * batch, [accepted_of(w)] * batch)
 
 
-def test_tries_every_width_widest_first():
+def test_tries_the_ends_then_only_widths_that_could_win():
     policy = DraftWidthPolicy(8, explore_every=1000)
     assert policy.widths == [0, 1, 2, 3, 4, 5, 6, 7, 8]
     seen = []
-    for _ in range(9):
+    for _ in range(6):                       # drafts never accepted, each verify row dear: plain wins
         seen.append(policy.choose(1))
-        policy.record(1, seen[-1], 1.0, [seen[-1]], [0])
-    assert seen == [8, 7, 6, 5, 4, 3, 2, 1, 0]
+        policy.record(1, seen[-1], 1.0 + 0.5 * seen[-1], [seen[-1]], [0])
+    assert seen == [8, 0, 0, 0, 0, 0]
+    mid = DraftWidthPolicy(8, explore_every=1000)      # acceptance decays, each verify row costs 10%
+    cost = {w: 1.0 + (0.1 * w + 0.1 if w else 0.0) for w in mid.widths}
+    for w in (8, 0):
+        assert mid.choose(1) == w
+        mid.record(1, w, cost[w], [w], [0])
+    mid.trials[1:], mid.hits[1:] = [1000] * 8, [900, 700, 400, 200, 100, 50, 20, 10]
+    truth = {w: mid.expected_tokens(w) / cost[w] for w in mid.widths}
+    picks = []
+    for _ in range(10):
+        w = mid.choose(1)
+        picks.append(w)
+        mid.record(1, w, cost[w], [], [])
+    assert picks[-1] == max(truth, key=truth.get) not in (0, 8)    # the knee, found ...
+    assert len(set(picks) | {0, 8}) < 9                            # ... without trying every width
 
 
 def test_dear_verify_and_weak_drafts_decode_plainly():
@@ -41,7 +55,7 @@ def test_cheap_verify_and_strong_drafts_go_wide():
     mid = DraftWidthPolicy(8, explore_every=1000)
     _measure(mid, 1, cost_of=lambda w: 1.0 + 0.2 * w, accepted_of=lambda w: 0)
     mid.trials[1:], mid.hits[1:] = [1000] * 8, [900, 700, 400, 200, 100, 50, 20, 10]
-    rates = {w: mid.expected_tokens(w) / mid.cost[(1, w)] for w in mid.widths}
+    rates = {w: mid.expected_tokens(w) / mid._cost(1, w) for w in mid.widths}      # measured or interpolated
     assert mid.choose(1) == max(rates, key=rates.get) not in (0, 8)
 
 

@@ -5,9 +5,11 @@ tokens per step; the step costs `cost(batch, k)` (drafter pass + verify of k+1 r
 sequence; k = 0 is a plain decoding step). Both are measured online: P from running
 per-position acceptance (drafts are prefix-consistent — slot i does not depend on how many
 slots are verified — so a step with k drafts also informs every narrower width), cost as an
-EMA of measured step time per power-of-two batch bucket and width. Each candidate width is
-tried first, then the best is used with one exploratory step in `explore_every` at a width
-next to it (a neighbour costs little to try; a far one can cost 3x a step at batch 8), so a
+EMA of measured step time per power-of-two batch bucket and width. The widest width is tried
+first (it measures every slot's acceptance), then a plain step; a width in between is tried only
+when its cost, interpolated between measured neighbours, says it could win (so a drafter that
+cannot pay costs two exploratory steps, not one per width). The best is then used with one
+exploratory step in `explore_every` at a width next to it (a neighbour costs little to try; a far one can cost 3x a step at batch 8), so a
 machine whose verify is cheap (AMX) drafts wide and one whose verify is dear (emulated bf16,
 large batches) drafts narrow or not at all.
 
@@ -48,17 +50,31 @@ class DraftWidthPolicy:
             total += p
         return total
 
+    def _cost(self, b: int, width: int) -> float | None:
+        """Measured step cost at `width`, else interpolated between the nearest measured widths."""
+        if (b, width) in self.cost:
+            return self.cost[(b, width)]
+        known = [w for w in self.widths if (b, w) in self.cost]
+        lo = max((w for w in known if w < width), default=None)
+        hi = min((w for w in known if w > width), default=None)
+        if lo is None or hi is None:
+            return None
+        return self.cost[(b, lo)] + (self.cost[(b, hi)] - self.cost[(b, lo)]) * (width - lo) / (hi - lo)
+
     def choose(self, batch: int) -> int:
         """The width for this step's greedy sequences."""
         if not self.enabled:
             return self.max_width
         b = self.bucket(batch)
         self.steps[b] += 1
-        untried = [w for w in self.widths if (b, w) not in self.cost]
-        if untried:
-            return untried[-1]                                  # widest first: it measures every slot
-        rate = {w: self.expected_tokens(w) / self.cost[(b, w)] for w in self.widths}
+        for end in (self.max_width, 0):      # the widest first (it measures every slot), then a plain step
+            if (b, end) not in self.cost:
+                return end
+        # other widths are tried only when their interpolated cost says they could win
+        rate = {w: self.expected_tokens(w) / self._cost(b, w) for w in self.widths}
         best = max(self.widths, key=lambda w: (rate[w], -w))
+        if (b, best) not in self.cost:
+            return best
         if best and rate[best] < self.margin * rate[0]:
             best = 0      # drafting must win clearly: its context upkeep is not all in the step's time
         if self.steps[b] % self.explore_every == 0:             # keep the neighbours' estimates fresh
