@@ -130,8 +130,9 @@ def main() -> int:
                     ref = ar_tokens.get(ar_of.get(mode, "ar"), outs)
                     same_as_ar[mode] = sum(a == b for a, b in zip(outs, ref))
                 print(f"batch {batch} rep {rep} {mode}: {rate[mode][-1]:.1f} tok/s", file=sys.stderr, flush=True)
+        bf16_ar = rate.get("ar")
         raw[batch] = {m: {"tokens_per_s": statistics.median(v), "repeats": v,
-                          "vs_our_ar": statistics.median(x / y for x, y in zip(v, rate["ar"] if "ar" in rate else rate[ar_of[m]])),
+                          "vs_our_ar": statistics.median(x / y for x, y in zip(v, bf16_ar or rate[ar_of[m]])),
                           "vs_our_ar_same_numerics": statistics.median(
                               x / y for x, y in zip(v, rate[ar_of.get(m, "ar")])),
                           "greedy_equal_to_our_ar": f"{same_as_ar[m]}/{len(prompts)}"} for m, v in rate.items()}
