@@ -34,8 +34,8 @@ def _device_arg(p: argparse.ArgumentParser) -> None:
 def _quantization_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", choices=["auto", "none", "int8", "int4"], default="auto",
                    help="weight-only target quantization on the CPU (bf16 activations): a different model from "
-                   "the bf16 one, and speculation is lossless against it. auto: int4 for the default model "
-                   "(it ships as a 4-bit GGUF) on a CPU without --tp, none otherwise")
+                   "the bf16 one, and speculation is lossless against it. auto: none (bf16) — int4's bf16 scales "
+                   "make its answers drift from the exact model (see README)")
 
 
 def _tp_on_cpu(args: argparse.Namespace) -> None:

@@ -79,15 +79,18 @@ def resolve_dtype(requested: str | None, device: str = "cpu", default_model: boo
     return "float32"
 
 
-# The default model ships as a Q4_1 GGUF: on a CPU its natural numerics are its own 4-bit weights
-# (`layers/quant.py`, bf16 activations), 2.4x faster per decoding step than bf16 here.
-DEFAULT_MODEL_QUANTIZATION = "int4"
+# The default model ships as a Q4_1 GGUF, and its 4-bit form (`layers/quant.py`) decodes 2.4x faster
+# than bf16 here; but the int4 kernel keeps each group's scale and zero point in bf16, which moves
+# weights by up to a quantization step where |zero| >> scale, and its answers drift from the exact
+# model ("What is the capital of France?" -> "L'Etoile ..." where fp32, bf16 and int8 say Paris).
+# So auto keeps bf16 until that is fixed; int8 / int4 are opt-in.
+DEFAULT_MODEL_QUANTIZATION = "none"
 
 
 def resolve_quantization(requested: str | None, device: str = "cpu", default_model: bool = False,
                          tensor_parallel: bool = False) -> str:
     """`auto`/None -> the weight-only scheme to load with; explicit names pass through (validated by
-    `layers.quant.check_scheme`). auto: the default model's own 4-bit weights on a CPU, none elsewhere."""
+    `layers.quant.check_scheme`). auto: DEFAULT_MODEL_QUANTIZATION for the default model on a CPU, none elsewhere."""
     if requested not in (None, "auto"):
         return requested
     if default_model and str(device).startswith("cpu") and not tensor_parallel:

@@ -73,10 +73,14 @@ def test_drafters_we_train_record_their_tap_point(target):
     assert published_config(flash.config, target)["tap_point"] == "hidden_states"
 
 
-def test_shipped_smollm2_dspark_says_what_it_was_trained_on():
-    """Trained before tap points existed, on the post-norm value of layer 29 (of 30)."""
-    cfg = json.loads((SHIPPED / "dspark" / "config.json").read_text())
-    assert cfg["tap_point"] == "hidden_states" and 29 in cfg["target_layer_ids"]
+def test_shipped_smollm2_drafters_say_what_they_were_trained_on():
+    """Both tap the last layer (29 of 30): DSpark was trained on its raw output (layer_output), DFlash
+    on the post-norm value (hidden_states); each config records it, and each MODEL_CARD agrees."""
+    for kind, point in (("dspark", "layer_output"), ("dflash", "hidden_states")):
+        cfg = json.loads((SHIPPED / kind / "config.json").read_text())
+        assert cfg.get("tap_point") == point and 29 in (cfg.get("target_layer_ids")
+                                                         or cfg["dflash_config"]["target_layer_ids"])
+        assert f"read at `{point}`" in (SHIPPED / kind / "MODEL_CARD.md").read_text()
 
 
 def test_embedded_dspark_drafter_is_recognised_and_refused(target, tmp_path):

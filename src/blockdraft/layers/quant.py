@@ -10,7 +10,8 @@ each row exactly as a one-row step does (checked at every row count by
 its greedy text differs, and the benchmark reports both.
 
 int4 uses the Q4_1 grid (per 32 weights: w = d·q + m, q in 0..15) — the format the default
-model ships in as a GGUF — so re-quantizing its dequantized weights finds the same levels.
+model ships in as a GGUF — so re-quantizing its dequantized weights finds the same levels; its
+LM head stays int8 (the GGUF's tied embedding / head is Q8_0).
 """
 
 from __future__ import annotations
@@ -108,7 +109,9 @@ def quantize_target(model: nn.Module, scheme: str) -> nn.Module:
         mlp.gate_up_proj = _fused(mlp, ("gate_proj", "up_proj"), scheme)
         mlp.down_proj = QuantizedLinear(mlp.down_proj.weight, mlp.down_proj.bias, scheme)
     tied = model.lm_head.weight is model.embed_tokens.weight
-    model.lm_head = QuantizedLinear(model.lm_head.weight, None, scheme)
+    # the LM head stays at 8 bits under int4 — as 4-bit GGUFs keep it (the default model's tied
+    # embedding / head is Q8_0): at 4 bits it alone changes answers
+    model.lm_head = QuantizedLinear(model.lm_head.weight, None, "int8" if scheme == "int4" else scheme)
     model.quantization = scheme
     model.lm_head_tied = tied
     return model

@@ -49,17 +49,23 @@ def dspark_lattice(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead,
     to the target ids the lattice carries (and W1 reads).
 
     Under tensor parallelism (`head` vocab-sharded, `logits` this rank's shard) the top-K is
-    global and each rank scores the candidates whose W2 rows it holds; one all-reduce sums them
-    (the chain is not added there)."""
+    global, the chain's argmax is global, and each rank scores the candidates whose W2 rows it
+    holds; one all-reduce sums them."""
     sharded = hasattr(head, "tp")
     if sharded:
         unary, cand = shard_topk(logits, k, head.lo, head.tp)
     else:
         unary, cand = topk_lowest_id(logits.float(), k)                  # [b, n, K]
-        chain = greedy_chain(logits, anchor, head, to_target)             # [b, n] draft ids
-        missing = ~(cand == chain[..., None]).any(-1)                     # [b, n]
-        cand = torch.cat([cand[..., :-1], torch.where(missing, chain, cand[..., -1])[..., None]], dim=-1)
-        unary = torch.gather(logits.float(), -1, cand)
+    chain = greedy_chain(logits, anchor, head, to_target)                 # [b, n] draft ids
+    missing = ~(cand == chain[..., None]).any(-1)                         # [b, n]
+    if sharded:   # the chain token's base logit lives on one rank
+        mine = (chain >= head.lo) & (chain < head.hi)
+        local = torch.gather(logits.float(), -1, (chain - head.lo).clamp(0, head.hi - head.lo - 1)[..., None])
+        chain_logit = head.tp.all_reduce(local[..., 0] * mine)
+    else:
+        chain_logit = torch.gather(logits.float(), -1, chain[..., None])[..., 0]
+    cand = torch.cat([cand[..., :-1], torch.where(missing, chain, cand[..., -1])[..., None]], dim=-1)
+    unary = torch.cat([unary[..., :-1], torch.where(missing, chain_logit, unary[..., -1])[..., None]], dim=-1)
     cand_ids = cand if to_target is None else to_target(cand)            # [b, n, K] target ids
     pred_embed = head.markov_w1(_predecessors(anchor, cand_ids)).float()  # [b, n, K, r]
     if sharded:
@@ -75,10 +81,12 @@ def dspark_lattice(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead,
 def greedy_chain(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead, to_target=None) -> torch.Tensor:
     """The greedy DSpark chain over the full (draft) vocabulary: [b, n] draft ids,
     d_i = argmax(logits_i + W2(W1[d_{i-1}])), d_0's predecessor the anchor."""
+    sharded = hasattr(head, "tp")      # vocab shards: the argmax is global (ties -> lowest id)
     prev, out = anchor, []
     for i in range(logits.shape[1]):
-        bias, _ = head(prev)                                              # [b, V]
-        pick = (logits[:, i].float() + bias).argmax(dim=-1)
+        bias, _ = head(prev)                                              # [b, V] (or this rank's shard)
+        slot = logits[:, i].float() + bias
+        pick = head.argmax(slot) if sharded else slot.argmax(dim=-1)
         out.append(pick)
         prev = pick if to_target is None else to_target(pick)
     return torch.stack(out, dim=1)
