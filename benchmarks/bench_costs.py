@@ -4,8 +4,8 @@
 
 Target: one SmolLM2 pass over R new rows (R = 1, 2, 4, 8, 9, 16) after a `--context`-token
 prefill, in bf16 with the row-invariant kernels (what ships), bf16 with plain SDPA/F.linear
-(not row-invariant: for comparison), fp32, and weight-only int8 / int4 (bf16 activations). Drafter: one block pass of each shipped drafter
-(context already written) in bf16. Medians of `--repeats`; every configuration is timed in
+(not row-invariant: for comparison), fp32, and weight-only int8 / int4 (bf16 activations).
+Drafter: one block pass of each shipped drafter (context already written) in bf16. Medians of `--repeats`; every configuration is timed in
 the same process, interleaved by repeat. Writes benchmarks/results/costs.json and docs/costs.png.
 """
 

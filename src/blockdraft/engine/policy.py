@@ -9,9 +9,9 @@ EMA of measured step time per power-of-two batch bucket and width. The widest wi
 first (it measures every slot's acceptance), then a plain step; a width in between is tried only
 when its cost, interpolated between measured neighbours, says it could win (so a drafter that
 cannot pay costs two exploratory steps, not one per width). The best is then used with one
-exploratory step in `explore_every` at a width next to it (a neighbour costs little to try; a far one can cost 3x a step at batch 8), so a
-machine whose verify is cheap (AMX) drafts wide and one whose verify is dear (emulated bf16,
-large batches) drafts narrow or not at all.
+exploratory step in `explore_every` at a width next to it (a neighbour costs little to try; a far
+one can cost 3x a step at batch 8), so a machine whose verify is cheap (AMX) drafts wide and one
+whose verify is dear (emulated bf16, large batches) drafts narrow or not at all.
 
 Only greedy sequences follow the policy: their output is the same at any width. Sampled
 sequences always draft the full (capped) width, so a seeded run consumes randomness the same

@@ -103,7 +103,8 @@ class ModelRunner:
         width = max(rows)
         block_valid = None
         if min(rows) != width:
-            block_valid = torch.arange(width, device=anchors.device)[None, :] < torch.tensor(rows, device=anchors.device)[:, None]
+            lengths = torch.tensor(rows, device=anchors.device)
+            block_valid = torch.arange(width, device=anchors.device)[None, :] < lengths[:, None]
         ctx = context_read(self.drafter_pool, tables, starts, self.drafter.config.num_layers, self.ring,
                            [s.ring_row for s in seqs])
         hidden = self.drafter.block_hidden(anchors, width, ctx, block_valid)     # [b, width, D]
