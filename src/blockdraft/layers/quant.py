@@ -108,10 +108,8 @@ def quantize_target(model: nn.Module, scheme: str) -> nn.Module:
         attn.o_proj = QuantizedLinear(attn.o_proj.weight, attn.o_proj.bias, scheme)
         mlp.gate_up_proj = _fused(mlp, ("gate_proj", "up_proj"), scheme)
         mlp.down_proj = QuantizedLinear(mlp.down_proj.weight, mlp.down_proj.bias, scheme)
-    tied = model.lm_head.weight is model.embed_tokens.weight
-    # the LM head stays at 8 bits under int4 — as 4-bit GGUFs keep it (the default model's tied
-    # embedding / head is Q8_0): at 4 bits it alone changes answers
+    # the LM head stays at 8 bits under int4, the precision 4-bit GGUFs keep it at (the default
+    # model's tied embedding / head is Q8_0)
     model.lm_head = QuantizedLinear(model.lm_head.weight, None, "int8" if scheme == "int4" else scheme)
     model.quantization = scheme
-    model.lm_head_tied = tied
     return model
