@@ -7,6 +7,7 @@ shards (`data/teacher/smollm2`, the target's own greedy responses; see its manif
 drafters prune their vocabulary to the same most-frequent response ids (`train/vocab.py`).
 
     python scripts/train_default_drafters.py train [--hours H]   # resumable; checkpoints <= 10 min apart
+    python scripts/train_default_drafters.py train --continue-shipped   # a new run from the shipped weights
     python scripts/train_default_drafters.py eval                # held-out AL of every snapshot -> curve
     python scripts/train_default_drafters.py publish             # the last snapshot -> assets + MODEL_CARDs
 
@@ -38,10 +39,10 @@ CFG_FILE = CACHE / "run.json"
 EVAL_SETS, EVAL_PROMPTS, EVAL_TOKENS = ("chat", "humaneval", "math"), 6, 96
 
 
-def run_config(steps: int) -> "TrainConfig":
+def run_config(steps: int, lr: float = 1e-3) -> "TrainConfig":
     from blockdraft.train.trainer import TrainConfig
 
-    return TrainConfig(steps=steps, lr=1e-3, warmup=100, seqs_per_step=2, anchors_per_seq=48, seed=0,
+    return TrainConfig(steps=steps, lr=lr, warmup=100, seqs_per_step=2, anchors_per_seq=48, seed=0,
                        save_every=250, save_every_seconds=600)
 
 
@@ -63,14 +64,50 @@ def teacher_sequences():
 
 
 def new_drafters(llm, seqs, eos_ids):
-    from blockdraft.checkpoints.publish import new_drafter
     from blockdraft.train.vocab import choose_draft_vocab, token_counts
 
     responses = [s.ids[s.response_start:].tolist() for s in seqs]
     vocab = choose_draft_vocab(token_counts(responses, llm.target.config.vocab_size), DRAFT_VOCAB, always=eos_ids)
-    drafters = {kind: new_drafter(llm.target, kind, LAYERS, BLOCK, TAPS, MASK_ID, markov_rank=MARKOV_RANK,
-                                  draft_vocab=vocab.ids).float() for kind in KINDS}
-    return drafters, vocab
+    return {kind: new_drafter_from_ids(llm, kind, vocab.ids) for kind in KINDS}, vocab.summary()
+
+
+def shipped_drafters(llm):
+    """The shipped drafters as fp32 training copies, and what they were trained on (steps, tokens seen)."""
+    from blockdraft.loading import load_drafter
+
+    drafters, prior = {}, None
+    for kind in KINDS:
+        shipped = load_drafter(ASSETS / kind, llm.target)
+        ids = shipped.to_target(torch.arange(shipped.config.draft_vocab_size))
+        d = new_drafter_from_ids(llm, kind, ids)
+        d.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in shipped.state_dict().items()})
+        drafters[kind] = d
+        info = json.loads((ASSETS / kind / "training.json").read_text())
+        run = info["run"]
+        prior = {"steps": info["step"], "seqs_per_step": run["config"]["seqs_per_step"],
+                 "tokens_seen": info["step"] * run["config"]["seqs_per_step"] * run["data"]["response_tokens"]
+                 / run["data"]["conversations"], "vocab": run["vocab"], "hours": _hours(ASSETS / kind / "MODEL_CARD.md")}
+    return drafters, prior
+
+
+def _hours(card: Path) -> float:
+    import re
+
+    m = re.search(r"\| training time \| ([0-9.]+) h", card.read_text())
+    return float(m.group(1)) if m else 0.0
+
+
+def _prior(run: dict) -> tuple[int, float]:
+    """(steps, teacher tokens) the run's starting weights had already trained on."""
+    prior = run.get("prior") or {}
+    return prior.get("steps", 0), prior.get("tokens_seen", 0.0)
+
+
+def new_drafter_from_ids(llm, kind, ids):
+    from blockdraft.checkpoints.publish import new_drafter
+
+    return new_drafter(llm.target, kind, LAYERS, BLOCK, TAPS, MASK_ID, markov_rank=MARKOV_RANK,
+                       draft_vocab=ids).float()
 
 
 def cmd_train(args) -> None:
@@ -81,15 +118,21 @@ def cmd_train(args) -> None:
     llm = load_llm()
     seqs, data_info = teacher_sequences()
     drafters, vocab = new_drafters(llm, seqs, sorted(llm._eos_ids()))
+    prior = None
+    if args.continue_shipped and not CFG_FILE.is_file():
+        drafters, prior = shipped_drafters(llm)
     if CFG_FILE.is_file():           # a resumed run keeps its step budget and data
         run = json.loads(CFG_FILE.read_text())
         if run["data"] != data_info:
             sys.exit(f"{CFG_FILE}: this run was started on other teacher data ({run['data']}); "
                      f"now {data_info}. Move {CACHE} away to start a new run.")
-        cfg = replace(run_config(run["config"]["steps"]))
+        cfg = run_config(run["config"]["steps"], run["config"]["lr"])
     else:
-        cfg = run_config(args.steps)
-        CFG_FILE.write_text(json.dumps({"config": asdict(cfg), "data": data_info, "vocab": vocab.summary(),
+        cfg = run_config(args.steps, args.lr)
+        if prior is not None:  # the shipped vocabulary and weights carry over; the curve counts their tokens
+            vocab = prior.pop("vocab")
+        CFG_FILE.write_text(json.dumps({"config": asdict(cfg), "data": data_info, "vocab": vocab,
+                                        "prior": prior,
                                         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                                         "threads": args.threads, "cpu": _cpu()}, indent=1))
 
@@ -153,8 +196,13 @@ def cmd_eval(args) -> None:
     llm = load_llm()
     prompts = eval_prompts(llm)
     path = CACHE / "curve.json"
-    curve = json.loads(path.read_text()) if path.is_file() else {}
     run = json.loads(CFG_FILE.read_text())
+    prior_steps, prior_tokens = _prior(run)
+    shipped_curve = ROOT / "benchmarks" / "results" / "drafter_curve.json"
+    if path.is_file():
+        curve = json.loads(path.read_text())
+    else:  # a run continued from the shipped drafters extends their curve
+        curve = json.loads(shipped_curve.read_text()) if prior_steps and shipped_curve.is_file() else {}
     per_step = run["config"]["seqs_per_step"]
     tokens_per_seq = run["data"]["response_tokens"] / run["data"]["conversations"]
     snaps = sorted((CACHE / "snapshots").glob("step_*"))
@@ -164,13 +212,14 @@ def cmd_eval(args) -> None:
         keep = {int(x) for x in args.only.split(",")}
         snaps = [p for p in snaps if int(p.name.split("_")[1]) in keep]
     for snap in snaps:
-        step = int(snap.name.split("_")[1])
+        local = int(snap.name.split("_")[1])
+        step = prior_steps + local
         for kind in KINDS:
             key = f"{kind}/{step}"
             if key in curve or not (snap / kind / "model.safetensors").is_file():
                 continue
             t0 = time.time()
-            curve[key] = {"kind": kind, "step": step, "teacher_tokens": step * per_step * tokens_per_seq,
+            curve[key] = {"kind": kind, "step": step, "teacher_tokens": prior_tokens + local * per_step * tokens_per_seq,
                           "sets": held_out_al(llm, snap / kind, prompts)}
             path.write_text(json.dumps(curve, indent=1))
             print(f"{key}: " + ", ".join(f"{s} {v['mean_al']:.2f}" for s, v in curve[key]["sets"].items())
@@ -211,7 +260,7 @@ embedding is reused, not stored; the LM head covers a pruned draft vocabulary (`
 | architecture | {layers} drafter layers, block size {block}, taps {taps} read at `{tap_point}`, mask token {mask}{extra} |
 | draft vocabulary | {vocab} most frequent response ids (+ EOS): {coverage:.2%} of the teacher response tokens |
 | data | `data/teacher/smollm2`: {conversations} conversations, {tokens} response tokens from {shards} shards (the target's own greedy responses, bf16; sources and licences in its manifest); taps recomputed by teacher forcing each step, never stored |
-| budget | {steps} steps × {seqs} sequences × {anchors} anchors ({seen:.0f}K teacher response tokens seen), AdamW lr {lr} (warmup {warmup}, cosine), the same batches for DFlash and DSpark |
+| budget | {steps} steps × {seqs} sequences × {anchors} anchors ({seen:.0f}K teacher response tokens seen), AdamW lr {lr} (warmup {warmup}, cosine), the same batches for DFlash and DSpark{continued} |
 | training time | {hours:.1f} h wall on {threads} CPU thread(s) of a 2-core {cpu}, DFlash and DSpark together |
 | final loss | {loss:.3f} |
 
@@ -228,11 +277,17 @@ Reproduce: `python scripts/train_default_drafters.py train && python scripts/tra
 
 def cmd_publish(args) -> None:
     run = json.loads(CFG_FILE.read_text())
+    prior_steps, prior_tokens = _prior(run)
+    prior_hours = (run.get("prior") or {}).get("hours", 0.0)
     snap = sorted((CACHE / "snapshots").glob("step_*"))[-1]
-    step = int(snap.name.split("_")[1])
+    local = int(snap.name.split("_")[1])
+    step = prior_steps + local
     curve = json.loads((CACHE / "curve.json").read_text())
     state = torch.load(CACHE / "state.pt", weights_only=False, map_location="cpu")
-    history = state["history"]
+    cfg = run["config"]
+    per_seq = run["data"]["response_tokens"] / run["data"]["conversations"]
+    continued = (f"; continued from the previous shipped drafters ({prior_steps} steps, "
+                 f"{prior_tokens / 1e3:.0f}K tokens seen)" if prior_steps else "")
     for kind in KINDS:
         out = ASSETS / kind
         shutil.rmtree(out, ignore_errors=True)
@@ -240,12 +295,11 @@ def cmd_publish(args) -> None:
         for name in ("config.json", "model.safetensors"):
             shutil.copy(snap / kind / name, out / name)
         evals = curve[f"{kind}/{step}"]["sets"]
-        hist = [h for h in history[kind] if h["step"] <= step]
+        hist = [{**h, "step": prior_steps + h["step"]} for h in state["history"][kind] if h["step"] <= local]
         (out / "training.json").write_text(json.dumps({"run": run, "step": step, "held_out": evals,
                                                        "history": hist[::10] + hist[-1:]}, indent=0) + "\n")
         rows = "\n".join(f"| {name} | {v['mean_al']:.2f} | {' '.join(f'{p:.2f}' for p in v['per_position'])} |"
                          for name, v in evals.items())
-        cfg = run["config"]
         (out / "MODEL_CARD.md").write_text(CARD.format(
             title={"dflash": "DFlash (z-lab layout)", "dspark": "DSpark (DeepSeek DeepSpec layout)"}[kind],
             mb=(out / "model.safetensors").stat().st_size / 2 ** 20, layers=LAYERS, block=BLOCK, taps=list(TAPS),
@@ -253,9 +307,9 @@ def cmd_publish(args) -> None:
             extra=f", Markov rank {MARKOV_RANK}, confidence head" if kind == "dspark" else "",
             vocab=run["vocab"]["draft_vocab_size"], coverage=run["vocab"]["coverage"], **run["data"],
             tokens=run["data"]["response_tokens"], steps=step, seqs=cfg["seqs_per_step"],
-            anchors=cfg["anchors_per_seq"],
-            seen=step * cfg["seqs_per_step"] * run["data"]["response_tokens"] / run["data"]["conversations"] / 1e3,
-            lr=cfg["lr"], warmup=cfg["warmup"], hours=state.get("elapsed", 0) / 3600, threads=run["threads"],
+            anchors=cfg["anchors_per_seq"], seen=(prior_tokens + local * cfg["seqs_per_step"] * per_seq) / 1e3,
+            continued=continued, lr=cfg["lr"], warmup=cfg["warmup"],
+            hours=prior_hours + state.get("elapsed", 0) / 3600, threads=run["threads"],
             cpu=run["cpu"], loss=hist[-1]["loss"], n_prompts=EVAL_PROMPTS, eval_tokens=EVAL_TOKENS, rows=rows))
         print(f"published {kind} step {step} -> {out}")
 
@@ -266,6 +320,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20000, help="step budget of a new run (a resumed run keeps its own)")
     ap.add_argument("--hours", type=float, default=0, help="stop at the first checkpoint after this many hours")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of a new run")
+    ap.add_argument("--continue-shipped", action="store_true",
+                    help="train: a new run starts from the shipped drafters (their vocabulary and weights)")
     ap.add_argument("--last", type=int, default=0, help="eval: only the last N snapshots")
     ap.add_argument("--only", default="", help="eval: only these steps (comma-separated)")
     ap.add_argument("--quiet", action="store_true")

@@ -3,10 +3,12 @@
     add_request(prompt_ids, params) -> request_id     abort(request_id)
     step() -> [RequestOutput]      stream(request_id)   generate(prompts, params)
 
-Each step: the scheduler picks who prefills a chunk and who decodes (allocating
-k+1 slots each, preempting the youngest when the pool is dry); the runner does
-one batched propose → verify → accept; the engine commits, applies stops and
-budgets, frees finished sequences and records telemetry.
+Each step is schedule → run → postprocess: the scheduler picks who prefills a chunk and
+who decodes with how many drafts (allocating k+1 slots each, preempting the youngest when
+the pool is dry); the runner does one batched prefill and one batched propose → verify →
+accept; the scheduler applies the results (commit, stops, budgets, drafter context, prefix
+cache, finished requests). Every surface — generate, serve, bench, LLM, tensor-parallel
+ranks, teacher data — runs this step.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from ..errors import ConfigError, RequestError
 from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
 from ..sampling.params import SamplingParams
-from ..sampling.stops import StopCriteria
 from .policy import DraftWidthPolicy
 from .runner import ModelRunner
 from .scheduler import Scheduler
@@ -74,7 +75,6 @@ class LLMEngine:
                  config: EngineConfig | None = None, eos_ids: frozenset[int] = frozenset(), decode=None):
         self.config = config or EngineConfig()
         self.target, self.drafter = target, drafter
-        self.eos_ids, self.decode_text = eos_ids, decode
         tc = target.config
         self.max_model_len = self.config.max_model_len or tc.max_position_embeddings
         self.lookahead = drafter.config.num_draft_tokens if drafter is not None else 0
@@ -110,12 +110,20 @@ class LLMEngine:
                                    dc.head_dim, drafter.dtype, target.device)
         self.runner = ModelRunner(target, drafter, target_pool, drafter_pool, self.config.confidence_threshold,
                                   ring)
-        self.scheduler = Scheduler(self.blocks, self.config.max_batch, self.lookahead, self.config.prefill_chunk,
-                                   ring)
         self.policy = DraftWidthPolicy(self.lookahead, self.config.adaptive_speculation)
-        self.seqs: dict[str, Sequence] = {}
         self.stats = EngineStats(blocks_total=n, blocks_free=n)
+        self.scheduler = Scheduler(self.blocks, self.config.max_batch, self.lookahead, self.config.prefill_chunk,
+                                   self.policy, self.stats, eos_ids, decode, drafter is not None, ring)
+        self.seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self.scheduler.eos_ids
+
+    @eos_ids.setter
+    def eos_ids(self, ids: frozenset[int]) -> None:
+        self.scheduler.eos_ids = frozenset(ids)
 
     # ---- requests -------------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
@@ -141,15 +149,17 @@ class LLMEngine:
     def abort(self, request_id: str) -> None:
         seq = self.seqs.pop(request_id, None)
         if seq is not None and not seq.is_finished:
-            self._finish(seq, "abort")
+            self.scheduler.finish(seq, "abort")
+            self._refresh_gauges()
 
     def abort_all(self, reason: str = "error") -> list[str]:
         """End every unfinished request (after a failed step: the engine is consistent again, every
         block is back in the pool); returns their ids."""
         victims = list(self.scheduler.running) + list(self.scheduler.waiting)
         for seq in victims:
-            self._finish(seq, reason)
+            self.scheduler.finish(seq, reason)
             self.seqs.pop(seq.request_id, None)
+        self._refresh_gauges()
         return [s.request_id for s in victims]
 
     def has_unfinished(self) -> bool:
@@ -158,36 +168,8 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
-        prefill, decode = self.scheduler.schedule()
-        touched: list[Sequence] = []
-        for seq in self.scheduler.running:
-            seq.unread = 0
-        if prefill:
-            for seq, first in zip(prefill, self.runner.prefill(prefill, self.config.prefill_chunk)):
-                if seq.num_computed == seq.prefill_end:
-                    seq.status = Status.DECODE
-                if first is not None:
-                    seq.first_token_time = time.perf_counter()
-                    self.stats.ttft_s.append(seq.first_token_time - seq.arrival_time)
-                    self._commit(seq, [first], step=None)
-                    touched.append(seq)
-        if decode:
-            width = self.policy.choose(len(decode))
-            n_drafts = [min(width, self.scheduler.drafts_for(s)) if s.params.greedy else self.scheduler.drafts_for(s)
-                        for s in decode]
-            t_decode = time.perf_counter()
-            results = self.runner.decode(decode, n_drafts)
-            produced = [self._commit(seq, r.new_tokens, r) for seq, r in zip(decode, results)]
-            self.policy.record(len(decode), width, time.perf_counter() - t_decode,
-                               [r.drafted for r in results], [r.accepted for r in results])
-            self.runner.stash_context(decode, [0 if s.is_finished else p for s, p in zip(decode, produced)])
-            for seq in decode:
-                if not seq.is_finished:
-                    seq.num_computed = len(seq.tokens) - 1
-                    # only blocks whose drafter context is written may be shared
-                    cached = seq.num_drafter_ctx if self.drafter is not None else seq.num_computed
-                    self.blocks.register(seq.block_table, seq.tokens, cached)
-            touched += decode
+        batch = self.scheduler.schedule()
+        touched = self.scheduler.postprocess(batch, self.runner.run(batch))
         self.stats.steps += 1
         self.stats.busy_s += time.perf_counter() - t0
         self._refresh_gauges()
@@ -196,36 +178,6 @@ class LLMEngine:
             if seq.is_finished:
                 self.seqs.pop(seq.request_id, None)
         return outputs
-
-    def _commit(self, seq: Sequence, new: list[int], step) -> int:
-        """Append committed tokens, cut by budget and stops; returns how many were kept."""
-        keep = min(len(new), seq.max_length - len(seq.tokens))
-        before = len(seq.tokens)
-        seq.tokens.extend(new[:keep])
-        stop = StopCriteria(frozenset() if seq.params.ignore_eos else self.eos_ids, seq.params.stop or (),
-                            self.decode_text)
-        hit = stop.first_stop(seq.generated, before - seq.num_prompt)
-        if hit is not None:
-            del seq.tokens[seq.num_prompt + hit[0]:]
-        kept = len(seq.tokens) - before
-        seq.unread += kept
-        self.stats.spec.generated += kept
-        if step is not None and self.drafter is not None:
-            seq.acceptance_lengths.append(kept)
-            seq.drafted += step.drafted
-            seq.accepted += min(step.accepted, kept)
-            self.stats.spec.record_step(step.drafted, min(step.accepted, kept), kept)
-        if hit is not None:
-            self._finish(seq, hit[1])
-        elif len(seq.tokens) >= seq.max_length:
-            self._finish(seq, "length")
-        return kept
-
-    def _finish(self, seq: Sequence, reason: str) -> None:
-        self.scheduler.finish(seq, reason)
-        seq.finish_time = time.perf_counter()
-        self.stats.requests_finished[reason] += 1
-        self._refresh_gauges()
 
     def _refresh_gauges(self) -> None:
         s = self.stats

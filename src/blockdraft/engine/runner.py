@@ -3,12 +3,14 @@
 One drafter forward and one target forward cover every decoding sequence (ragged
 context lengths, padded blocks with masks). Token choice and acceptance are per
 sequence, each with its own generator, so seeded results do not depend on who
-else is in the batch. Returns what each sequence committed; the engine applies it.
+else is in the batch. The runner reads sequences and never writes them: it returns
+what each one computed (`SeqOutput`) and `Scheduler.postprocess` applies it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,14 +20,28 @@ from ..models.target import TargetModel
 from ..sampling.probs import pick, sampling_probs
 from ..spec_decode.propose import block_rows, choose_drafts, confident_prefix, draft_slots
 from ..spec_decode.verify import greedy_accept_ids, rejection_accept
+from .scheduler import ScheduledBatch
 from .sequence import Sequence
 
 
 @dataclass
-class StepResult:
-    new_tokens: list[int]      # accepted drafts + correction/bonus (not yet cut by stops/budget)
-    drafted: int
-    accepted: int
+class SeqOutput:
+    """What one step computed for one sequence."""
+
+    new_tokens: list[int]      # prefill: [first token] once the prompt is done, else []; decode: accepted
+    #                            drafts + correction/bonus (not yet cut by stops or the token budget)
+    computed: int = 0          # prefill: tokens with target KV and drafter context after this chunk
+    context: int = 0           # decode: pending drafter-context rows written this step
+    drafted: int = 0
+    accepted: int = 0
+    taps: torch.Tensor | None = None   # decode: taps of the verified block [1, 1 + drafted, F]
+
+
+@dataclass
+class StepOutputs:
+    prefill: list[SeqOutput] = field(default_factory=list)
+    decode: list[SeqOutput] = field(default_factory=list)
+    decode_s: float = 0.0      # wall time of the decode half (what the width policy learns from)
 
 
 class ModelRunner:
@@ -49,34 +65,40 @@ class ModelRunner:
         width = max(len(r) for r in rows)
         return torch.tensor([r + [0] * (width - len(r)) for r in rows], device=self.target.device)
 
+    def run(self, batch: ScheduledBatch) -> StepOutputs:
+        """Prefill the scheduled chunks, then propose → verify → accept for the decoding sequences."""
+        out = StepOutputs(self.prefill(batch.prefill, batch.prefill_counts) if batch.prefill else [])
+        if batch.decode:
+            t0 = time.perf_counter()
+            out.decode = self.decode(batch.decode, batch.n_drafts)
+            out.decode_s = time.perf_counter() - t0
+        return out
+
     @torch.inference_mode()
-    def prefill(self, seqs: list[Sequence], chunk: int) -> list[int | None]:
-        """Run the next prompt chunk of each sequence; returns the first sampled token for
-        sequences whose (fresh) prefill completed, None otherwise."""
+    def prefill(self, seqs: list[Sequence], counts: list[int]) -> list[SeqOutput]:
+        """Run the next prompt chunk (`counts[i]` tokens) of each sequence; the first token is sampled
+        for sequences whose (fresh) prefill completes."""
         tables = self._tables(seqs)
         starts = [s.num_computed for s in seqs]
-        counts = [min(chunk, s.prefill_end - s.num_computed) for s in seqs]
         ids = self._ids([s.tokens[a:a + c] for s, a, c in zip(seqs, starts, counts)])
         step = PagedStep(self.target_pool, tables, starts, counts)
         last = torch.tensor([c - 1 for c in counts], device=ids.device)
         out = self.target(ids, step, self.taps, logits_at=last)
         if self.drafter is not None:
             self.drafter.extend_context(out.taps, self._drafter_step(seqs, tables, starts, counts))
-        firsts: list[int | None] = []
+        outs = []
         for i, (s, a, c) in enumerate(zip(seqs, starts, counts)):
-            s.num_computed = s.num_drafter_ctx = a + c
-            done_fresh = s.num_computed == s.prefill_end and not s.generated
-            firsts.append(int(pick(out.logits[i, 0], s.params, s.generator)) if done_fresh else None)
-        return firsts
+            done_fresh = a + c == s.prefill_end and not s.generated
+            outs.append(SeqOutput([int(pick(out.logits[i, 0], s.params, s.generator))] if done_fresh else [], a + c))
+        return outs
 
     @torch.inference_mode()
-    def decode(self, seqs: list[Sequence], n_drafts: list[int]) -> list[StepResult]:
+    def decode(self, seqs: list[Sequence], n_drafts: list[int]) -> list[SeqOutput]:
         device = self.target.device
         tables = self._tables(seqs)
         starts = [len(s.tokens) - 1 for s in seqs]                  # anchor positions
         anchors = torch.tensor([s.tokens[-1] for s in seqs], device=device)
-        if max(n_drafts) > 0:
-            self.flush_context(seqs)
+        written = self.flush_context(seqs) if max(n_drafts) > 0 else [0] * len(seqs)
         drafts = self._propose(seqs, tables, starts, anchors, n_drafts)
         blocks = [[s.tokens[-1]] + d for s, d in zip(seqs, [p[0] for p in drafts])]
         step = PagedStep(self.target_pool, tables, starts, [len(b) for b in blocks])
@@ -92,8 +114,9 @@ class ModelRunner:
                 target_probs = sampling_probs(logits, s.params)
                 q = drafts[i][1] if drafts[i][1] is not None else target_probs[:0]
                 accepted, nxt = rejection_accept(d, q, target_probs, s.generator)
-            results.append(StepResult(block[1:1 + accepted] + [nxt], len(block) - 1, accepted))
-        self._pending_taps = (out.taps, tables, starts)
+            taps = out.taps[i:i + 1, :len(block)] if self.drafter is not None else None
+            results.append(SeqOutput(block[1:1 + accepted] + [nxt], context=written[i], drafted=len(block) - 1,
+                                     accepted=accepted, taps=taps))
         return results
 
     def _propose(self, seqs, tables, starts, anchors, n_drafts) -> list[tuple[list[int], torch.Tensor | None]]:
@@ -130,33 +153,19 @@ class ModelRunner:
             proposals[i] = (p.tokens[0].tolist(), None if p.draft_probs is None else p.draft_probs[0])
         return proposals
 
-    def stash_context(self, seqs: list[Sequence], produced: list[int]) -> None:
-        """Keep the taps of each sequence's committed rows (anchor + accepted) of the last decode.
-
-        They become drafter context lazily (`flush_context`): steps that do not draft never pay
-        for the drafter, and the context is complete again before the next drafting step.
-        """
-        if self.drafter is None:
-            return
-        taps = self._pending_taps[0]
-        for i, (seq, n) in enumerate(zip(seqs, produced)):
-            if n > 0:
-                seq.pending_taps.append(taps[i:i + 1, :n])
-
     @torch.inference_mode()
-    def flush_context(self, seqs: list[Sequence]) -> None:
-        """Write pending taps as drafter context, one batched call for every sequence that has some."""
-        if self.drafter is None:
-            return
-        todo = [s for s in seqs if s.pending_taps]
-        if not todo:
-            return
+    def flush_context(self, seqs: list[Sequence]) -> list[int]:
+        """Write each sequence's pending taps (committed rows of earlier steps) as drafter context, one
+        batched call; returns the rows written per sequence. Context is written lazily, so steps that
+        do not draft never pay for the drafter, and it is complete before the next drafting step."""
+        written = [sum(t.shape[1] for t in s.pending_taps) for s in seqs]
+        todo = [s for s, n in zip(seqs, written) if n]
+        if self.drafter is None or not todo:
+            return written
         rows = [torch.cat(s.pending_taps, dim=1) for s in todo]                    # each [1, n_i, F]
         counts = [r.shape[1] for r in rows]
         width = max(counts)
         taps = torch.cat([torch.nn.functional.pad(r, (0, 0, 0, width - r.shape[1])) for r in rows])
         step = self._drafter_step(todo, self._tables(todo), [s.num_drafter_ctx for s in todo], counts)
         self.drafter.extend_context(taps, step)
-        for s, n in zip(todo, counts):
-            s.num_drafter_ctx += n
-            s.pending_taps.clear()
+        return written
