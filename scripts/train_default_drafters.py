@@ -175,17 +175,14 @@ def eval_prompts(llm) -> dict[str, list[list[int]]]:
 
 def held_out_al(llm, drafter_dir: Path, prompts: dict[str, list[list[int]]]) -> dict:
     """Greedy held-out mean AL per set at the full block, and per-position acceptance."""
-    from blockdraft.decode import generate_one
     from blockdraft.loading import load_drafter
-    from blockdraft.sampling.params import SamplingParams
+    from blockdraft.train.trainer import acceptance_lengths
 
     drafter = load_drafter(drafter_dir, llm.target)
     out = {}
     n = drafter.config.num_draft_tokens
     for name, ids in prompts.items():
-        lengths = []
-        for p in ids:
-            lengths += generate_one(llm.target, p, SamplingParams(max_tokens=EVAL_TOKENS), drafter).acceptance_lengths
+        lengths = [a for per_prompt in acceptance_lengths(llm.target, drafter, ids, EVAL_TOKENS) for a in per_prompt]
         reach = [sum(1 for a in lengths if a > k) / len(lengths) for k in range(1, n + 1)]
         out[name] = {"mean_al": sum(lengths) / len(lengths), "steps": len(lengths), "per_position": reach}
     return out

@@ -1,7 +1,7 @@
 """blockdraft: lossless speculative decoding with block drafters (DFlash, DFlash2, DSpark).
 
 Public API (imported lazily so `import blockdraft` stays light):
-`load_target`, `load_drafter`, `LLM`, `SamplingParams`, `Tokenizer`, `BlockdraftError`.
+`load_target`, `load_drafter`, `LLM`, `RequestOutput`, `SamplingParams`, `Tokenizer`, `BlockdraftError`.
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ _EXPORTS = {
     "load_target": "blockdraft.loading",
     "load_drafter": "blockdraft.loading",
     "LLM": "blockdraft.llm",
-    "RequestOutput": "blockdraft.llm",
+    "RequestOutput": "blockdraft.engine.engine",
     "SamplingParams": "blockdraft.sampling.params",
     "Tokenizer": "blockdraft.tokenizer",
     "BlockdraftError": "blockdraft.errors",
-    "generate_one": "blockdraft.decode",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -399,7 +399,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from .errors import RequestError
     from .llm import LLM
-    from .sampling.params import SamplingParams
 
     if args.chat and args.prompt is None:
         raise RequestError("--chat needs --prompt (text), not --prompt-ids")
@@ -412,8 +411,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
               confidence_threshold=args.confidence_threshold, adaptive_speculation=args.adaptive_speculation,
               num_speculative_tokens=args.num_speculative_tokens, quantization=args.quantization,
               device=args.device)
-    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
+    params = _sampling_params(args)
     prompt_ids = llm.encode(args.prompt, args.chat) if args.prompt is not None else args.prompt_ids
     if not args.json and llm.tokenizer is not None:
         return _stream_to_terminal(llm, prompt_ids, params)
@@ -438,37 +436,38 @@ def _print_generation(args, out, text: str, drafter: str | None, extra: dict) ->
 
 
 def _generate_tp(args: argparse.Namespace) -> int:
-    """`generate --tp N`: validate in this process, then N ranks run the same loop; rank 0 answers."""
-    from .errors import ConfigError
+    """`generate --tp N`: validate in this process, then N ranks run the engine; rank 0 answers."""
+    from .engine.admission import check_request
     from .llm import LLM
     from .parallel.launch import run_tp
     from .parallel.shard import check_tp
-    from .parallel.tasks import GenerateJob, ModelSpec, generate_task
-    from .sampling.params import SamplingParams
+    from .parallel.tasks import GenerateJob, generate_task
 
-    drafter = args.drafter if args.drafter is not None else "default"
     _tp_on_cpu(args)
-    llm = LLM(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, block_size=args.block_size,
-              confidence_threshold=args.confidence_threshold, max_batch=1, quantization="none")
+    kwargs = dict(target=args.target, drafter=args.drafter if args.drafter is not None else "default",
+                  mode=args.mode, dtype=args.dtype, block_size=args.block_size,
+                  confidence_threshold=args.confidence_threshold, max_batch=1,
+                  num_speculative_tokens=args.num_speculative_tokens, quantization="none")
+    llm = LLM(**kwargs)                                   # validate before launch
     check_tp(args.tp, llm.target.config, llm.drafter.config if llm.drafter is not None else None)
-    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
+    params = _sampling_params(args)
     prompt_ids = llm.encode(args.prompt, args.chat) if args.prompt is not None else args.prompt_ids
-    from .engine.admission import check_request
-
     check_request(llm.target, prompt_ids, params)
-    job = GenerateJob(ModelSpec(llm.target.source_dir, llm.drafter_dir, str(llm.target.dtype).removeprefix("torch."),
-                                args.mode, args.block_size),
-                      (tuple(prompt_ids),), params, frozenset() if params.ignore_eos else llm.engine.eos_ids,
-                      args.confidence_threshold, tuple(params.stop or ()))
-    del llm.engine
-    result = run_tp(args.tp, generate_task, job)
+    kind = None if llm.drafter is None else llm.drafter.config.kind
+    del llm
+    result = run_tp(args.tp, generate_task, GenerateJob(kwargs, (tuple(prompt_ids),), params))
     if result is None:                       # a non-zero torchrun rank
         return 0
     out = result["generations"][0]
-    text = llm._text(out.token_ids, params, llm.tokenizer.decode) if llm.tokenizer is not None else ""
-    _print_generation(args, out, text, None if llm.drafter is None else llm.drafter.config.kind, {"tp": args.tp})
+    _print_generation(args, out, out.text, kind, {"tp": args.tp})
     return 0
+
+
+def _sampling_params(args: argparse.Namespace):
+    from .sampling.params import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
 
 
 def _generate_onnx(args: argparse.Namespace) -> int:
@@ -480,7 +479,6 @@ def _generate_onnx(args: argparse.Namespace) -> int:
     from .export.runtime import OnnxBackend
     from .lattice_decode import lattice_generate
     from .llm import LLM
-    from .sampling.params import SamplingParams
     from .sampling.stops import StopCriteria
     from .tokenizer import Tokenizer
 
@@ -494,8 +492,7 @@ def _generate_onnx(args: argparse.Namespace) -> int:
     tok = Tokenizer(folder) if (folder / "tokenizer.json").is_file() else None
     if args.prompt is not None and tok is None:
         raise RequestError(f"{folder} has no tokenizer.json; pass --prompt-ids")
-    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
+    params = _sampling_params(args)
     if args.prompt is not None:
         prompt = tok.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else tok.encode(args.prompt)
     else:

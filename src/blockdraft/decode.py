@@ -1,4 +1,7 @@
-"""One sequence, start to finish: prefill → (propose → verify → accept)* .
+"""The single-sequence reference loop: prefill → (propose → verify → accept)*, kept as the tests'
+oracle. No surface runs it — generate, serve, bench, LLM, --tp and teacher data run the batch
+engine — but it calls the same `propose` and `spec_decode.verify` functions, so the engine at
+any batch and width is checked against the plainest possible loop.
 
 The first token is sampled from the prefill's last logits and becomes the first
 anchor; the taps of every prompt token form the drafter's initial context. Each

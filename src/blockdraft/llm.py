@@ -11,13 +11,12 @@ step drafts the full width (capped by `num_speculative_tokens`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 
 from .cache.plan import KVGeometry
-from .decode import Generation
 from .default_model import NAME
-from .engine.engine import EngineConfig, LLMEngine
+from .engine.engine import EngineConfig, LLMEngine, RequestOutput
 from .errors import ConfigError, RequestError
 from .loading import load_drafter, load_target
 from .numerics import describe, resolve_device, resolve_dtype, resolve_quantization
@@ -27,14 +26,6 @@ from .tokenizer import Tokenizer
 TINY_ASSETS = Path(__file__).parent / "assets" / "tiny"            # test fixtures (random tiny Qwen3 + drafters)
 SHIPPED_DRAFTERS = Path(__file__).parent / "assets" / "smollm2"     # trained here for the default target
 DEFAULT_DRAFTERS = {"dflash": SHIPPED_DRAFTERS / "dflash", "dspark": SHIPPED_DRAFTERS / "dspark"}
-
-
-@dataclass
-class RequestOutput(Generation):
-    """One finished request: generated `token_ids`, `text`, `acceptance_lengths`, `finish_reason`, timing."""
-
-    prompt_token_ids: list[int] = field(default_factory=list)
-    text: str = ""
 
 
 def is_default_target(target: str | Path | None) -> bool:
@@ -164,10 +155,7 @@ class LLM:
                 raise RequestError(f"prompt_token_ids[{i}] must be a list of ints")
         outs = self.engine.generate([list(ids) for ids in prompt_token_ids], params)
         decode = self.tokenizer.decode if self.tokenizer is not None else None
-        return [RequestOutput(token_ids=o.token_ids, acceptance_lengths=o.acceptance_lengths,
-                              finish_reason=o.finish_reason, prefill_s=o.prefill_s, decode_s=o.decode_s,
-                              prompt_token_ids=o.prompt_token_ids, text=self._text(o.token_ids, params, decode))
-                for o in outs]
+        return [replace(o, text=self._text(o.token_ids, params, decode)) for o in outs]
 
     @staticmethod
     def _text(token_ids: list[int], params: SamplingParams, decode) -> str:

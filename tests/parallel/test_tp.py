@@ -16,7 +16,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.loading import load_drafter, load_target
 from blockdraft.parallel.launch import WorkerError, run_tp
 from blockdraft.parallel.shard import check_tp
-from blockdraft.parallel.tasks import GenerateJob, ModelSpec, generate_task
+from blockdraft.parallel.tasks import GenerateJob, generate_task
 from blockdraft.sampling.params import SamplingParams
 from conftest import ASSETS, random_prompts
 
@@ -27,23 +27,28 @@ TARGET = ASSETS / "target-qwen3"
 PROMPTS = tuple(tuple(p) for p in random_prompts(3, seed=71))
 
 
+def _llm(drafter_dir) -> dict:
+    """The engine on both ranks (a batch of all prompts), fp32, full draft width."""
+    return dict(target=TARGET, drafter=drafter_dir or "none", dtype="float32", adaptive_speculation=False)
+
+
 @pytest.mark.parametrize("drafter", [None, "dflash", "dflash2", "dspark", "dflash-sliding"])
 def test_tp2_equals_tp1_tokens_acceptance_and_logits(drafter):
     drafter_dir = ASSETS / drafter if drafter else None
-    job = GenerateJob(ModelSpec(TARGET, drafter_dir), PROMPTS, SamplingParams(max_tokens=32), return_logits=True)
+    job = GenerateJob(_llm(drafter_dir), PROMPTS, SamplingParams(max_tokens=32, ignore_eos=True), return_logits=True)
     tp2 = run_tp(2, generate_task, job)
     target = load_target(TARGET, "float32")
     d = load_drafter(drafter_dir, target) if drafter_dir else None
     for prompt, gen, logits in zip(PROMPTS, tp2["generations"], tp2["logits"]):
-        ref = generate_one(target, list(prompt), SamplingParams(max_tokens=32), d)
+        ref = generate_one(target, list(prompt), SamplingParams(max_tokens=32, ignore_eos=True), d)
         assert gen.token_ids == ref.token_ids
         assert gen.acceptance_lengths == ref.acceptance_lengths
         assert (logits - target.logits(list(prompt))[0]).abs().max().item() <= 1e-4
 
 
 def test_tp2_seeded_sampling_equals_tp1():
-    params = SamplingParams(max_tokens=24, temperature=1.0, seed=5)
-    job = GenerateJob(ModelSpec(TARGET, ASSETS / "dspark"), PROMPTS[:2], params)
+    params = SamplingParams(max_tokens=24, temperature=1.0, seed=5, ignore_eos=True)
+    job = GenerateJob(_llm(ASSETS / "dspark"), PROMPTS[:2], params)
     tp2 = run_tp(2, generate_task, job)
     target = load_target(TARGET, "float32")
     d = load_drafter(ASSETS / "dspark", target)

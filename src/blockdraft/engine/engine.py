@@ -57,17 +57,30 @@ class EngineConfig:
 
 @dataclass
 class RequestOutput:
+    """One request as the engine (and `LLM.generate`, the server, `generate`) reports it."""
+
     request_id: str
     prompt_token_ids: list[int]
     token_ids: list[int]                 # all generated so far
     new_token_ids: list[int]             # committed since the last output for this request
-    acceptance_lengths: list[int]
+    acceptance_lengths: list[int]        # per verify step: tokens committed (accepted drafts + 1)
     finished: bool
     finish_reason: str | None
     prefill_s: float = 0.0               # arrival -> first token (includes queueing)
     decode_s: float = 0.0                # first token -> finish
     drafted: int = 0
     accepted: int = 0
+    text: str = ""                       # decoded, cut at stop strings (filled by `LLM.generate`)
+
+    @property
+    def tokens_per_s(self) -> float:
+        total = self.prefill_s + self.decode_s
+        return len(self.token_ids) / total if total > 0 else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        a = self.acceptance_lengths
+        return sum(a) / len(a) if a else 0.0
 
 
 class LLMEngine:

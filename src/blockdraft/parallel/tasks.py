@@ -1,68 +1,44 @@
-"""What each tensor-parallel rank runs: load, shard, then the ordinary single-stream loop.
+"""What each tensor-parallel rank runs: the sharded models under the ordinary batch engine.
 
-Every rank makes the same decisions (full logits are gathered for verification, the DSpark
-chain's argmax is global, seeded sampling uses identical generators), so no step needs a
-broadcast; rank 0's result is returned to the caller.
+Rank 0 schedules and every rank runs the same step (`mirror.py`): full logits are gathered
+for verification, the DSpark chain's argmax is global, seeded sampling uses identical
+generators, so every rank makes the same decisions; rank 0's result is returned.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from ..decode import Generation, generate_one
-from ..loading import load_drafter, load_target
 from ..sampling.params import SamplingParams
-from ..sampling.stops import StopCriteria
 from .layers import TPGroup
-from .shard import shard_models
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    target_dir: Path
-    drafter_dir: Path | None = None
-    dtype: str = "float32"
-    mode: str | None = None
-    block_size: int | None = None
 
 
 @dataclass(frozen=True)
 class GenerateJob:
-    models: ModelSpec
+    llm_kwargs: dict                      # LLM(...) arguments (target, drafter, dtype, ...)
     prompts: tuple[tuple[int, ...], ...]
     params: SamplingParams
-    eos_ids: frozenset[int] = frozenset()
-    confidence_threshold: float = 0.0
-    stop_strings: tuple[str, ...] = ()
     return_logits: bool = False           # also return the target's prompt logits (tests compare them)
 
 
-def load_sharded(spec: ModelSpec, tp: TPGroup):
-    target = load_target(spec.target_dir, spec.dtype)
-    drafter = None
-    if spec.drafter_dir is not None:
-        drafter = load_drafter(spec.drafter_dir, target, mode=spec.mode, block_size=spec.block_size)
-    shard_models(target, [drafter] if drafter is not None else [], tp)
-    return target, drafter
+def generate_task(tp: TPGroup, job: GenerateJob) -> dict | None:
+    from ..llm import LLM
+    from .mirror import follow
 
-
-def generate_task(tp: TPGroup, job: GenerateJob) -> dict:
-    target, drafter = load_sharded(job.models, tp)
-    decode = None
-    if job.stop_strings:
-        from ..tokenizer import Tokenizer
-
-        decode = Tokenizer(job.models.target_dir).decode
-    stop = StopCriteria(eos_ids=job.eos_ids, stop_strings=job.stop_strings, decode=decode)
-    gens: list[Generation] = [generate_one(target, list(p), job.params, drafter, stop, job.confidence_threshold)
-                              for p in job.prompts]
-    out: dict = {"generations": gens}
-    if job.return_logits:
+    llm = LLM(**job.llm_kwargs, tp=tp)
+    out: dict = {}
+    if job.return_logits:                 # every rank joins the forward's collectives
         with torch.inference_mode():
-            out["logits"] = [target(torch.tensor([list(p)])).logits[0].float() for p in job.prompts]
+            out["logits"] = [llm.target(torch.tensor([list(p)])).logits[0].float() for p in job.prompts]
+    if tp.rank != 0:
+        follow(llm.engine)
+        return None
+    try:
+        out["generations"] = llm.generate(prompt_token_ids=[list(p) for p in job.prompts], sampling_params=job.params)
+    finally:
+        llm.engine.shutdown()
     return out
 
 

@@ -22,7 +22,6 @@ import torch
 
 from ..checkpoints.publish import save_drafter
 from ..config import Taps
-from ..decode import generate_one
 from ..errors import RequestError
 from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
@@ -110,10 +109,19 @@ def teacher_data(target: TargetModel, prompts: list[list[int]], new_tokens: int,
     return data
 
 
+def acceptance_lengths(target: TargetModel, drafter: BlockDrafter, prompts: list[list[int]], new_tokens: int,
+                       max_batch: int = 8) -> list[list[int]]:
+    """Greedy acceptance lengths per prompt at the drafter's full width, through the batch engine
+    (no EOS stop, so every prompt decodes `new_tokens`)."""
+    from ..llm import sized_engine
+
+    engine = sized_engine(target, drafter, min(max_batch, len(prompts)),
+                          max(len(p) for p in prompts) + new_tokens + 1, frozenset(), adaptive_speculation=False)
+    return [o.acceptance_lengths for o in engine.generate(prompts, SamplingParams(max_tokens=new_tokens))]
+
+
 def mean_acceptance(target: TargetModel, drafter: BlockDrafter, prompts: list[list[int]], new_tokens: int) -> float:
-    lengths = []
-    for p in prompts:
-        lengths += generate_one(target, p, SamplingParams(max_tokens=new_tokens), drafter).acceptance_lengths
+    lengths = [a for per_prompt in acceptance_lengths(target, drafter, prompts, new_tokens) for a in per_prompt]
     return sum(lengths) / max(1, len(lengths))
 
 
