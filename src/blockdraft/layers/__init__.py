@@ -1,1 +1,1 @@
-"""Building blocks shared by targets and drafters: RMSNorm, RoPE, attention."""
+"""Building blocks shared by targets and drafters: RMSNorm, RoPE, attention, linear layers, vocabulary ops."""

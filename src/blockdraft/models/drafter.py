@@ -22,6 +22,7 @@ from ..layers.attention import attend
 from ..layers.linear import StableLinear
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary, apply_rope
+from ..layers.vocab import FULL
 from .kv_cache import KVCache
 from .target import MLP, TargetModel
 
@@ -142,6 +143,7 @@ class MarkovHead(nn.Module):
         super().__init__()
         self.markov_w1 = nn.Embedding(vocab, rank)
         self.markov_w2 = StableLinear(rank, out_vocab or vocab, bias=False)
+        self.vocab = FULL          # output-id layout (tensor parallelism swaps in its shard ops)
 
     def forward(self, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         embed = self.markov_w1(prev)

@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..layers.linear import stable_linear
+from ..layers.vocab import topk_lowest_id
 
 
 @dataclass(frozen=True)
@@ -104,15 +105,6 @@ def shard_argmax(local: torch.Tensor, lo: int, tp: TPGroup) -> torch.Tensor:
     return ids.gather(-1, best)[..., 0]
 
 
-def topk_lowest_id(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k along the last dim, best first, equal values in ascending id order (ONNX TopK's rule;
-    torch.topk leaves tie order unspecified). In an export the graph's TopK gives that order."""
-    if torch.onnx.is_in_onnx_export():
-        return torch.topk(x, k, dim=-1)
-    values, ids = torch.sort(x, dim=-1, descending=True, stable=True)
-    return values[..., :k], ids[..., :k]
-
-
 def shard_topk(local: torch.Tensor, k: int, lo: int, tp: TPGroup) -> tuple[torch.Tensor, torch.Tensor]:
     """Global top-k over vocab shards: values, ids [.., k] sorted best first, ties by lowest id."""
     kk = min(k, local.shape[-1])
@@ -124,3 +116,35 @@ def shard_topk(local: torch.Tensor, k: int, lo: int, tp: TPGroup) -> tuple[torch
     values, ids = values.gather(-1, order), ids.gather(-1, order)
     order = (-values).argsort(dim=-1, stable=True)[..., :k]
     return values.gather(-1, order), ids.gather(-1, order)
+
+
+class ShardedVocab:
+    """The vocabulary ops (`spec_decode/vocab.py`) of a head that holds ids [lo, hi) on this rank."""
+
+    sharded = True
+
+    def __init__(self, tp: TPGroup, lo: int, hi: int):
+        self.tp, self.lo, self.hi = tp, lo, hi
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        return shard_argmax(x, self.lo, self.tp)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_gather(x)
+
+    def topk(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return shard_topk(x, k, self.lo, self.tp)
+
+    def _local(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (ids - self.lo).clamp(0, self.hi - self.lo - 1), (ids >= self.lo) & (ids < self.hi)
+
+    def at(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        local, mine = self._local(ids)       # each id's value lives on one rank
+        return self.tp.all_reduce(torch.gather(x.float(), -1, local[..., None])[..., 0] * mine)
+
+    def rows(self, weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        local, mine = self._local(ids)
+        return weight.float()[local] * mine[..., None]
+
+    def reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(x)

@@ -21,8 +21,8 @@ from ..config import DrafterConfig, TargetConfig
 from ..errors import ConfigError
 from ..models.drafter import BlockDrafter, MarkovHead
 from ..models.target import TargetModel
-from .layers import (ColumnParallelLinear, RowParallelLinear, TPGroup, VocabParallelEmbedding, VocabParallelHead,
-                     shard_argmax)
+from .layers import (ColumnParallelLinear, RowParallelLinear, ShardedVocab, TPGroup, VocabParallelEmbedding,
+                     VocabParallelHead)
 
 
 def check_tp(tp: int, target: TargetConfig | None, drafter: DrafterConfig | None = None) -> None:
@@ -46,8 +46,8 @@ class ShardedMarkovHead(nn.Module):
 
     def __init__(self, full: MarkovHead, tp: TPGroup):
         super().__init__()
-        self.tp = tp
         self.lo, self.hi = tp.split(full.markov_w2.weight.shape[0])
+        self.vocab = ShardedVocab(tp, self.lo, self.hi)
         self.markov_w1 = full.markov_w1                                               # replicated [V, r]
         self.markov_w2 = nn.Linear(full.markov_w2.in_features, self.hi - self.lo, bias=False)
         self.markov_w2.weight = nn.Parameter(full.markov_w2.weight.detach()[self.lo:self.hi].clone(),
@@ -56,12 +56,6 @@ class ShardedMarkovHead(nn.Module):
     def forward(self, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         embed = self.markov_w1(prev)
         return F.linear(embed.float(), self.markov_w2.weight.float()), embed          # [.., V/tp] local shard
-
-    def gather(self, local: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_gather(local)
-
-    def argmax(self, local: torch.Tensor) -> torch.Tensor:
-        return shard_argmax(local, self.lo, self.tp)
 
 
 def _shard_attention(attn: nn.Module, tp: TPGroup) -> None:

@@ -16,9 +16,9 @@ import torch
 from torch.nn import functional as F
 
 from ..models.drafter import CandidateSelector, MarkovHead
-from ..parallel.layers import shard_topk, topk_lowest_id
 from ..sampling.params import SamplingParams
 from ..sampling.probs import sample_from
+from ..layers.vocab import topk_lowest_id
 
 
 @dataclass
@@ -48,45 +48,31 @@ def dspark_lattice(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead,
     With a pruned vocabulary, logits and W2 rows are draft ids; `to_target` maps the candidates
     to the target ids the lattice carries (and W1 reads).
 
-    Under tensor parallelism (`head` vocab-sharded, `logits` this rank's shard) the top-K is
+    Under tensor parallelism (`head.vocab` a shard, `logits` this rank's shard) the top-K is
     global, the chain's argmax is global, and each rank scores the candidates whose W2 rows it
     holds; one all-reduce sums them."""
-    sharded = hasattr(head, "tp")
-    if sharded:
-        unary, cand = shard_topk(logits, k, head.lo, head.tp)
-    else:
-        unary, cand = topk_lowest_id(logits.float(), k)                  # [b, n, K]
+    ops = head.vocab
+    unary, cand = ops.topk(logits, k)                                     # [b, n, K]
     chain = greedy_chain(logits, anchor, head, to_target)                 # [b, n] draft ids
     missing = ~(cand == chain[..., None]).any(-1)                         # [b, n]
-    if sharded:   # the chain token's base logit lives on one rank
-        mine = (chain >= head.lo) & (chain < head.hi)
-        local = torch.gather(logits.float(), -1, (chain - head.lo).clamp(0, head.hi - head.lo - 1)[..., None])
-        chain_logit = head.tp.all_reduce(local[..., 0] * mine)
-    else:
-        chain_logit = torch.gather(logits.float(), -1, chain[..., None])[..., 0]
+    chain_logit = ops.at(logits, chain)                                   # [b, n]
     cand = torch.cat([cand[..., :-1], torch.where(missing, chain, cand[..., -1])[..., None]], dim=-1)
     unary = torch.cat([unary[..., :-1], torch.where(missing, chain_logit, unary[..., -1])[..., None]], dim=-1)
     cand_ids = cand if to_target is None else to_target(cand)            # [b, n, K] target ids
     pred_embed = head.markov_w1(_predecessors(anchor, cand_ids)).float()  # [b, n, K, r]
-    if sharded:
-        mine = (cand >= head.lo) & (cand < head.hi)
-        succ = head.markov_w2.weight.float()[(cand - head.lo).clamp(0, head.hi - head.lo - 1)] * mine[..., None]
-        edges = head.tp.all_reduce(torch.einsum("bipr,bijr->bipj", pred_embed, succ))
-    else:
-        succ = head.markov_w2.weight.float()[cand]                       # [b, n, K, r]
-        edges = torch.einsum("bipr,bijr->bipj", pred_embed, succ)
+    succ = ops.rows(head.markov_w2.weight, cand)                          # [b, n, K, r]
+    edges = ops.reduce(torch.einsum("bipr,bijr->bipj", pred_embed, succ))
     return Lattice(cand_ids, unary[:, :, None, :] + edges)
 
 
 def greedy_chain(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead, to_target=None) -> torch.Tensor:
     """The greedy DSpark chain over the full (draft) vocabulary: [b, n] draft ids,
     d_i = argmax(logits_i + W2(W1[d_{i-1}])), d_0's predecessor the anchor."""
-    sharded = hasattr(head, "tp")      # vocab shards: the argmax is global (ties -> lowest id)
     prev, out = anchor, []
     for i in range(logits.shape[1]):
         bias, _ = head(prev)                                              # [b, V] (or this rank's shard)
         slot = logits[:, i].float() + bias
-        pick = head.argmax(slot) if sharded else slot.argmax(dim=-1)
+        pick = head.vocab.argmax(slot)              # vocab shards: a global argmax (ties -> lowest id)
         out.append(pick)
         prev = pick if to_target is None else to_target(pick)
     return torch.stack(out, dim=1)

@@ -35,19 +35,19 @@ def markov_chain(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead, p
     probs over the draft vocabulary, W1 embeds [b, n, r]. `to_target` maps draft ids to target ids
     (a pruned vocabulary); each slot's W1 is read at the previous token's target id.
 
-    Under tensor parallelism `head` is a `ShardedMarkovHead` and `logits` this rank's vocabulary
-    shard: the bias is added to the shard, the argmax is global (ties → lowest id) and sampling
-    draws from the gathered distribution, so every rank picks what a single process would.
+    `head.vocab` says how `logits` and the bias are laid out: under tensor parallelism they are
+    this rank's vocabulary shard, the argmax is global (ties → lowest id) and sampling draws from
+    the gathered distribution, so every rank picks what a single process would.
     """
-    sharded = hasattr(head, "tp")
+    ops = head.vocab
     prev, tokens, probs, embeds = anchor, [], [], []
     for i in range(logits.shape[1]):
         bias, embed = head(prev)
         slot_logits = logits[:, i].float() + bias                    # [b, vocab] (or [b, vocab / tp])
         if params.greedy:
-            prev = head.argmax(slot_logits) if sharded else slot_logits.argmax(dim=-1)
+            prev = ops.argmax(slot_logits)
         else:
-            probs.append(sampling_probs(head.gather(slot_logits) if sharded else slot_logits, params))
+            probs.append(sampling_probs(ops.gather(slot_logits), params))
             prev = sample_from(probs[-1], generator)
         if to_target is not None:
             prev = to_target(prev)
@@ -93,7 +93,7 @@ def choose_drafts(drafter: BlockDrafter, hidden: torch.Tensor, anchor: torch.Ten
     """Draft-slot hidden [b, n, D] -> tokens, by the drafter kind's rule."""
     cfg = drafter.config
     # [b, n, V]; a vocab-sharded DSpark head (TP) reads only this rank's logit shard
-    logits = drafter.logits(hidden, shard=cfg.kind == "dspark" and hasattr(drafter.markov_head, "tp"))
+    logits = drafter.logits(hidden, shard=cfg.kind == "dspark" and drafter.markov_head.vocab.sharded)
     if cfg.kind == "dflash":
         probs = None if params.greedy else sampling_probs(logits, params)
         tokens = logits.argmax(-1) if probs is None else sample_from(probs, generator)
