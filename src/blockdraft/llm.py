@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from .cache.plan import KVGeometry
 from .default_model import NAME
-from .engine.engine import EngineConfig, LLMEngine, RequestOutput
+from .engine.engine import EngineConfig, LLMEngine, RequestOutput, default_cache_budget
 from .errors import ConfigError, RequestError
 from .loading import load_drafter, load_target
 from .numerics import describe, resolve_device, resolve_dtype, resolve_quantization
@@ -44,30 +43,6 @@ def resolve_drafter_dir(target: str | Path | None, drafter: str | Path | None) -
     if str(drafter) == "dflash2":
         raise ConfigError("no DFlash2 drafter is shipped for the default target; pass a drafter directory")
     return Path(drafter)
-
-
-def default_cache_budget(target, drafter, max_len: int, max_batch: int, block: int = 16) -> int:
-    """Room for `max_batch` sequences of `max_len` tokens (+ lookahead), target and drafter KV."""
-    bytes_per_token = KVGeometry.of(target.config, target).bytes_per_token
-    lookahead = 0
-    if drafter is not None:
-        bytes_per_token += KVGeometry.of(drafter.config, drafter).bytes_per_token
-        lookahead = drafter.config.num_draft_tokens
-    tokens = (max_batch + 1) * (-(-(max_len + lookahead + 1) // block) + 1) * block
-    ring = 0
-    if drafter is not None and drafter.config.sliding_window:
-        ring = max_batch * (drafter.config.sliding_window + drafter.config.block_size)
-    return (tokens + ring) * bytes_per_token
-
-
-def sized_engine(target, drafter, max_batch: int, max_len: int, eos_ids: frozenset[int],
-                 adaptive_speculation: bool = True) -> LLMEngine:
-    """An engine whose cache holds `max_batch` sequences of `max_len` tokens (rounded up to whole
-    cache blocks): what bench and teacher-data generation run."""
-    max_len = -(-max_len // 16) * 16
-    return LLMEngine(target, drafter, EngineConfig(
-        max_batch=max_batch, max_model_len=max_len, adaptive_speculation=adaptive_speculation,
-        cache_budget_bytes=default_cache_budget(target, drafter, max_len, max_batch)), eos_ids)
 
 
 class LLM:

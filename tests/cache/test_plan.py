@@ -13,22 +13,22 @@ geometries = st.builds(KVGeometry, st.integers(1, 80), st.integers(1, 16), st.sa
 
 @settings(max_examples=300, deadline=None)
 @given(target=geometries, drafter=st.none() | geometries, window=st.none() | st.integers(1, 4096),
-       budget=st.integers(1, 2**50), block_size=st.sampled_from([1, 8, 16, 32, 64]),
+       budget=st.integers(1, 2**50), page_size=st.sampled_from([1, 8, 16, 32, 64]),
        max_batch=st.integers(1, 256), blocks_per_seq=st.integers(1, 64), lookahead=st.integers(0, 16),
        drafter_block=st.integers(2, 16))
-def test_plan_within_budget_and_bills_drafter(target, drafter, window, budget, block_size, max_batch,
+def test_plan_within_budget_and_bills_drafter(target, drafter, window, budget, page_size, max_batch,
                                               blocks_per_seq, lookahead, drafter_block):
-    max_len = blocks_per_seq * block_size
+    max_len = blocks_per_seq * page_size
     window = window if drafter is not None else None
     try:
-        plan = plan_cache(budget, block_size, max_batch, max_len, lookahead, target, drafter, window, drafter_block)
+        plan = plan_cache(budget, page_size, max_batch, max_len, lookahead, target, drafter, window, drafter_block)
     except ConfigError:
         return
     assert plan.total_bytes <= budget
-    assert plan.num_blocks * plan.block_size >= max_len + lookahead        # one max-length sequence fits
+    assert plan.num_blocks * plan.page_size >= max_len + lookahead        # one max-length sequence fits
     if drafter is not None and window is None:
         # every target block carries a drafter block, plus one query-spill block per batch row
-        assert plan.drafter_bytes_per_block == drafter.bytes_per_token * block_size
+        assert plan.drafter_bytes_per_block == drafter.bytes_per_token * page_size
         assert plan.spill_bytes == max_batch * plan.drafter_bytes_per_block
         assert plan.total_bytes == plan.spill_bytes + plan.num_blocks * (
             plan.target_bytes_per_block + plan.drafter_bytes_per_block)
@@ -75,16 +75,16 @@ def test_near_integer_limits():
 @pytest.mark.parametrize("kwargs,message", [
     (dict(budget_bytes=0), "budget_bytes must be > 0"),
     (dict(budget_bytes=-5), "budget_bytes must be > 0"),
-    (dict(block_size=0), "block_size must be > 0"),
-    (dict(block_size=24), "block_size=24 does not divide max_model_len=1024"),
+    (dict(page_size=0), "page_size must be > 0"),
+    (dict(page_size=24), "page_size=24 does not divide max_model_len=1024"),
     (dict(max_batch=0), "max_batch must be > 0"),
     (dict(lookahead=-1), "lookahead must be >= 0"),
     (dict(budget_bytes=1000), "drafter reserve"),
     (dict(budget_bytes=10**6), "needs 65"),
-    (dict(block_size=16.0), "block_size must be an integer"),
+    (dict(page_size=16.0), "page_size must be an integer"),
 ])
 def test_refusals(kwargs, message):
-    args = dict(budget_bytes=2**30, block_size=16, max_batch=8, max_model_len=1024, lookahead=8,
+    args = dict(budget_bytes=2**30, page_size=16, max_batch=8, max_model_len=1024, lookahead=8,
                 target=TARGET, drafter=DRAFTER)
     args.update(kwargs)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):

@@ -13,7 +13,7 @@ from conftest import random_prompts
 
 PROMPTS = random_prompts(32, seed=21, low=2, high=40)
 PARAMS = [SamplingParams(max_tokens=m) for m in random.Random(3).choices([1, 5, 17, 30], k=32)]
-TIGHT = EngineConfig(max_batch=8, cache_budget_bytes=260_000, block_size=8, max_model_len=72, prefill_chunk=16)
+TIGHT = EngineConfig(max_batch=8, cache_budget_bytes=260_000, page_size=8, max_model_len=72, prefill_chunk=16)
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +55,11 @@ def test_random_arrivals_aborts_and_preemption_match_single_stream(target, draft
 def test_seeded_sampling_is_batch_invariant(target, drafters):
     params = [SamplingParams(max_tokens=20, temperature=0.9, top_p=0.95, seed=100 + i) for i in range(8)]
     prompts = PROMPTS[:8]
-    cfg = EngineConfig(max_batch=8, cache_budget_bytes=2_000_000, block_size=8, max_model_len=72)
+    cfg = EngineConfig(max_batch=8, cache_budget_bytes=2_000_000, page_size=8, max_model_len=72)
     batched = LLMEngine(target, drafters["dspark"], cfg).generate(prompts, params)
     for i in range(8):
         alone = LLMEngine(target, drafters["dspark"], EngineConfig(max_batch=1, cache_budget_bytes=2_000_000,
-                                                                   block_size=8, max_model_len=72))
+                                                                   page_size=8, max_model_len=72))
         one = alone.generate([prompts[i]], params[i])[0]
         assert one.token_ids == batched[i].token_ids
 
@@ -85,7 +85,7 @@ def test_prefix_cache_hits_change_nothing(target, drafters):
     params = SamplingParams(max_tokens=20)
 
     def run(prefix_caching: bool):
-        cfg = EngineConfig(max_batch=4, cache_budget_bytes=2_000_000, block_size=8, max_model_len=72,
+        cfg = EngineConfig(max_batch=4, cache_budget_bytes=2_000_000, page_size=8, max_model_len=72,
                            prefix_caching=prefix_caching, adaptive_speculation=False)  # ALs compared: always draft
         engine = LLMEngine(target, drafters["dspark"], cfg)
         a = engine.generate([first], params)[0]
@@ -101,7 +101,7 @@ def test_prefix_cache_hits_change_nothing(target, drafters):
 
 def test_reused_blocks_never_match_stale_ids(target):
     """Fill the pool with other requests so cached blocks are reallocated, then ask again."""
-    cfg = EngineConfig(max_batch=2, cache_budget_bytes=110_000, block_size=8, max_model_len=72)
+    cfg = EngineConfig(max_batch=2, cache_budget_bytes=110_000, page_size=8, max_model_len=72)
     engine = LLMEngine(target, None, cfg)
     prompt = list(range(1, 41))
     ref = engine.generate([prompt], SamplingParams(max_tokens=8))[0].token_ids
@@ -141,7 +141,7 @@ def test_telemetry_counts(target, drafters):
 
 
 def test_confidence_threshold_in_batch_is_lossless(target, drafters, single_stream):
-    cfg = EngineConfig(max_batch=8, cache_budget_bytes=2_000_000, block_size=8, max_model_len=72,
+    cfg = EngineConfig(max_batch=8, cache_budget_bytes=2_000_000, page_size=8, max_model_len=72,
                        confidence_threshold=0.8)
     outs = LLMEngine(target, drafters["dspark"], cfg).generate(PROMPTS[:10], PARAMS[:10])
     assert [o.token_ids for o in outs] == single_stream[:10]
@@ -173,7 +173,7 @@ def test_ring_acceptance_matches_single_stream(target, drafters):
     """Same drafts as the full-context single-stream loop: the ring loses nothing inside the window."""
     from blockdraft.decode import generate_one
 
-    cfg = EngineConfig(max_batch=1, cache_budget_bytes=2_000_000, block_size=8, max_model_len=72,
+    cfg = EngineConfig(max_batch=1, cache_budget_bytes=2_000_000, page_size=8, max_model_len=72,
                        adaptive_speculation=False)
     engine = LLMEngine(target, drafters["dflash-sliding"], cfg)
     for prompt in PROMPTS[:6]:

@@ -79,7 +79,7 @@ def test_policy_never_changes_greedy_or_seeded_output(target, drafters):
     prompts = random_prompts(6, seed=3)
     params = [SamplingParams(max_tokens=24)] * 3 + [SamplingParams(max_tokens=24, temperature=0.8, seed=i)
                                                      for i in range(3)]
-    cfg = dict(max_batch=6, cache_budget_bytes=2_000_000, block_size=8, max_model_len=72)
+    cfg = dict(max_batch=6, cache_budget_bytes=2_000_000, page_size=8, max_model_len=72)
     fixed = LLMEngine(target, drafters["dspark"], EngineConfig(**cfg, adaptive_speculation=False))
     adaptive = LLMEngine(target, drafters["dspark"], EngineConfig(**cfg))
     adaptive.policy.explore_every = 2                       # exercise many widths within 24 tokens

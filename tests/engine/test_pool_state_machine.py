@@ -16,7 +16,7 @@ DRAFTER = load_drafter(ASSETS / "dspark", TARGET)
 class EngineMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        cfg = EngineConfig(max_batch=4, cache_budget_bytes=200_000, block_size=8, max_model_len=64,
+        cfg = EngineConfig(max_batch=4, cache_budget_bytes=200_000, page_size=8, max_model_len=64,
                            prefill_chunk=8)
         self.engine = LLMEngine(TARGET, DRAFTER, cfg)
         self.ids: list[str] = []

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from ..llm import sized_engine
+from ..engine.engine import sized_engine
 from ..loading import load_drafter, load_target
 from ..sampling.params import SamplingParams
 from ..tokenizer import Tokenizer

@@ -1,7 +1,7 @@
 """Block tables, reference counts and prefix caching for the paged KV pools.
 
 A sequence owns a list of block ids (its `block_table`); position p lives in slot
-`block_table[p // block_size] * block_size + p % block_size`. Allocation grows a
+`block_table[p // page_size] * page_size + p % page_size`. Allocation grows a
 table to cover `k + 1` new tokens per verify step; rejected drafts stay in the
 sequence's own blocks and are simply overwritten (write-by-position).
 
@@ -22,8 +22,8 @@ from collections import OrderedDict
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True):
-        self.num_blocks, self.block_size = num_blocks, block_size
+    def __init__(self, num_blocks: int, page_size: int, prefix_caching: bool = True):
+        self.num_blocks, self.page_size = num_blocks, page_size
         self.prefix_caching = prefix_caching
         self.ref = [0] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))  # LRU order
@@ -37,7 +37,7 @@ class BlockManager:
         return len(self.free)
 
     def blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.block_size)
+        return -(-tokens // self.page_size)
 
     def _take(self) -> int:
         block, _ = self.free.popitem(last=False)
@@ -63,8 +63,8 @@ class BlockManager:
         if not self.prefix_caching:
             return []
         blocks, parent = [], 0
-        for i in range(len(tokens) // self.block_size):
-            ids = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
+        for i in range(len(tokens) // self.page_size):
+            ids = tuple(tokens[i * self.page_size:(i + 1) * self.page_size])
             parent = self.chain_hash(parent, ids)
             self.queries += 1
             block = self.by_hash.get(parent)
@@ -91,8 +91,8 @@ class BlockManager:
         if not self.prefix_caching:
             return
         parent = 0
-        for i in range(committed // self.block_size):
-            ids = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
+        for i in range(committed // self.page_size):
+            ids = tuple(tokens[i * self.page_size:(i + 1) * self.page_size])
             parent = self.chain_hash(parent, ids)
             block = table[i]
             if self.block_key[block] is None and parent not in self.by_hash:

@@ -1,6 +1,6 @@
 """Paged KV pools and the per-step views the models attend through.
 
-A pool stores K/V per layer as flat slots `[num_blocks * block_size, kv_heads, head_dim]`.
+A pool stores K/V per layer as flat slots `[num_blocks * page_size, kv_heads, head_dim]`.
 `PagedStep` is the `StepView` of one batched forward over ragged rows: it writes
 each real row at its slot and gathers, per sequence, the keys at positions
 `0 .. end-1` through the block table, with a causal + length mask. The drafter's
@@ -17,17 +17,17 @@ from .views import ContextRead, causal_visibility
 class PagedKVPool:
     """K/V slots for the model layers listed in `layers` (a drafter's sliding layers live in a ring)."""
 
-    def __init__(self, layers: list[int], num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+    def __init__(self, layers: list[int], num_blocks: int, page_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu"):
-        self.block_size = block_size
-        shape = (num_blocks * block_size, num_kv_heads, head_dim)
+        self.page_size = page_size
+        shape = (num_blocks * page_size, num_kv_heads, head_dim)
         self.k = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
         self.v = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
 
     def slots(self, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """tables [b, max_blocks], positions [b, t] -> flat slot ids [b, t]."""
-        block = torch.gather(tables, 1, positions // self.block_size)
-        return block * self.block_size + positions % self.block_size
+        block = torch.gather(tables, 1, positions // self.page_size)
+        return block * self.page_size + positions % self.page_size
 
     def gather(self, layer: int, tables: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V at positions 0..length-1 of every row -> [b, hkv, length, d] each."""

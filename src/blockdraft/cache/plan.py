@@ -7,7 +7,7 @@ query-spill block per batch row:
     target_blocks = (budget - spill) // (target_bytes_per_block + drafter_bytes_per_block)
     spill         = max_batch * drafter_bytes_per_block
 
-Sliding-window drafters keep a fixed ring of `window + block_size` rows per batch
+Sliding-window drafters keep a fixed ring of `window + drafter block` rows per batch
 row instead. Python ints do not overflow; sizes beyond int64 are refused anyway,
 since they end up as tensor shapes.
 """
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 
 INT64_MAX = 2**63 - 1
+PAGE_SIZE = 16                    # tokens per KV page unless configured
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class KVGeometry:
 
 @dataclass(frozen=True)
 class CachePlan:
-    block_size: int
+    page_size: int                  # tokens per KV page
     num_blocks: int                    # target blocks (drafter pool mirrors them when full-attention)
     target_bytes_per_block: int
     drafter_bytes_per_block: int       # 0 without a full-attention drafter
@@ -57,7 +58,7 @@ class CachePlan:
 
     @property
     def capacity_tokens(self) -> int:
-        return self.num_blocks * self.block_size
+        return self.num_blocks * self.page_size
 
 
 def _check_size(name: str, value: int, allow_zero: bool = False) -> None:
@@ -69,28 +70,28 @@ def _check_size(name: str, value: int, allow_zero: bool = False) -> None:
         raise ConfigError(f"{name}={value} is absurdly large (> int64)")
 
 
-def plan_cache(budget_bytes: int, block_size: int, max_batch: int, max_model_len: int, lookahead: int,
+def plan_cache(budget_bytes: int, page_size: int, max_batch: int, max_model_len: int, lookahead: int,
                target: KVGeometry, drafter: KVGeometry | None = None, drafter_window: int | None = None,
                drafter_block_size: int = 0, drafter_ring: KVGeometry | None = None) -> CachePlan:
     """Choose the target block count for `budget_bytes`; refuse budgets that cannot hold one
     maximum-length sequence (max_model_len + lookahead tokens).
 
     `drafter` is the full-attention part of the drafter (billed per block); `drafter_ring` its
-    sliding-window layers (a ring of window + block_size rows per batch row). A drafter whose
+    sliding-window layers (a ring of window + drafter block rows per batch row). A drafter whose
     layers are all windowed may also be passed as `drafter` with `drafter_window` set.
     """
     if drafter is not None and drafter_window is not None and drafter_ring is None:
         drafter, drafter_ring = None, drafter
-    for name, value in (("budget_bytes", budget_bytes), ("block_size", block_size), ("max_batch", max_batch),
+    for name, value in (("budget_bytes", budget_bytes), ("page_size", page_size), ("max_batch", max_batch),
                         ("max_model_len", max_model_len)):
         _check_size(name, value)
     _check_size("lookahead", lookahead, allow_zero=True)
-    if max_model_len % block_size:
-        raise ConfigError(f"block_size={block_size} does not divide max_model_len={max_model_len}")
-    target_bpb = target.bytes_per_token * block_size
+    if max_model_len % page_size:
+        raise ConfigError(f"page_size={page_size} does not divide max_model_len={max_model_len}")
+    target_bpb = target.bytes_per_token * page_size
     drafter_bpb = ring_rows = spill = 0
     if drafter is not None:
-        drafter_bpb = drafter.bytes_per_token * block_size
+        drafter_bpb = drafter.bytes_per_token * page_size
         spill += max_batch * drafter_bpb
     if drafter_ring is not None:
         _check_size("drafter_window", drafter_window)
@@ -100,10 +101,22 @@ def plan_cache(budget_bytes: int, block_size: int, max_batch: int, max_model_len
         raise ConfigError(f"budget_bytes={budget_bytes} does not even cover the drafter reserve of {spill} bytes "
                           f"(max_batch={max_batch})")
     num_blocks = (budget_bytes - spill) // (target_bpb + drafter_bpb)
-    needed = -(-(max_model_len + lookahead) // block_size)
+    needed = -(-(max_model_len + lookahead) // page_size)
     if num_blocks < needed:
-        raise ConfigError(f"budget_bytes={budget_bytes} holds {num_blocks} blocks of {block_size} tokens, but one "
+        raise ConfigError(f"budget_bytes={budget_bytes} holds {num_blocks} pages of {page_size} tokens, but one "
                           f"sequence of max_model_len={max_model_len} (+{lookahead} lookahead) needs {needed}")
     _check_size("num_blocks", num_blocks)
     total = spill + num_blocks * (target_bpb + drafter_bpb)
-    return CachePlan(block_size, num_blocks, target_bpb, drafter_bpb, spill, ring_rows, total)
+    return CachePlan(page_size, num_blocks, target_bpb, drafter_bpb, spill, ring_rows, total)
+
+
+def budget_for(max_batch: int, max_len: int, target: KVGeometry, drafter: KVGeometry | None = None,
+               lookahead: int = 0, drafter_window: int | None = None, drafter_block_size: int = 0,
+               page_size: int = PAGE_SIZE) -> int:
+    """Bytes for `max_batch` sequences of `max_len` tokens (+ lookahead), target and drafter KV, in
+    whole pages, plus one spare sequence of pages for the drafter's query spill; what `plan_cache`
+    needs to hold them."""
+    bytes_per_token = target.bytes_per_token + (drafter.bytes_per_token if drafter is not None else 0)
+    tokens = (max_batch + 1) * (-(-(max_len + lookahead + 1) // page_size) + 1) * page_size
+    ring = max_batch * (drafter_window + drafter_block_size) if drafter is not None and drafter_window else 0
+    return (tokens + ring) * bytes_per_token

@@ -1,4 +1,4 @@
-"""Sliding-window drafter layers: a fixed ring of `window + block_size` rows per batch row.
+"""Sliding-window drafter layers: a fixed ring of `window + drafter_block` rows per batch row.
 
 A block at anchor position s only sees context rows with s - k < window, so the
 most recent `window - 1` committed rows are all a sliding layer ever needs. Row p
@@ -12,9 +12,9 @@ import torch
 
 
 class DrafterRing:
-    def __init__(self, layers: list[int], rows: int, window: int, block_size: int, num_kv_heads: int,
+    def __init__(self, layers: list[int], rows: int, window: int, drafter_block: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
-        self.ring_len = window + block_size
+        self.ring_len = window + drafter_block
         shape = (rows, num_kv_heads, self.ring_len, head_dim)
         self.k = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
         self.v = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}

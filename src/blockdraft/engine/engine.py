@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ..cache.block_manager import BlockManager
 from ..cache.paged import PagedKVPool
 from ..cache.ring import DrafterRing
-from ..cache.plan import CachePlan, KVGeometry, plan_cache
+from ..cache.plan import PAGE_SIZE, CachePlan, KVGeometry, budget_for, plan_cache
 from .admission import check_request
 from ..errors import ConfigError, RequestError
 from ..models.drafter import BlockDrafter
@@ -38,7 +38,7 @@ from .telemetry import EngineStats
 class EngineConfig:
     max_batch: int = 8
     cache_budget_bytes: int = 64 * 2**20
-    block_size: int = 16
+    page_size: int = PAGE_SIZE             # tokens per KV cache page (block-table entry)
     prefill_chunk: int = 256
     prefix_caching: bool = True
     confidence_threshold: float = 0.0
@@ -105,11 +105,11 @@ class LLMEngine:
             if ring_layers:
                 ring_geo, window = KVGeometry.of(dc, drafter, len(ring_layers)), dc.sliding_window
                 prefix_caching = False  # a ring holds one sequence's recent rows: nothing to share
-        self.plan: CachePlan = plan_cache(self.config.cache_budget_bytes, self.config.block_size,
+        self.plan: CachePlan = plan_cache(self.config.cache_budget_bytes, self.config.page_size,
                                           self.config.max_batch, self.max_model_len, self.lookahead + 1,
                                           target_geo, full_geo, window,
                                           drafter.config.block_size if drafter is not None else 0, ring_geo)
-        n, bs = self.plan.num_blocks, self.plan.block_size
+        n, bs = self.plan.num_blocks, self.plan.page_size
         self.blocks = BlockManager(n, bs, prefix_caching)
         target_pool = PagedKVPool(list(range(tc.num_layers)), n, bs, tc.num_kv_heads, tc.head_dim, target.dtype,
                                   target.device)
@@ -228,3 +228,22 @@ class LLMEngine:
         while len(done) < len(ids):
             done.update((o.request_id, o) for o in self.step() if o.finished)
         return [done[r] for r in ids]
+
+
+def default_cache_budget(target: TargetModel, drafter: BlockDrafter | None, max_len: int, max_batch: int) -> int:
+    """Room for `max_batch` sequences of `max_len` tokens (+ lookahead), target and drafter KV."""
+    if drafter is None:
+        return budget_for(max_batch, max_len, KVGeometry.of(target.config, target))
+    dc = drafter.config
+    return budget_for(max_batch, max_len, KVGeometry.of(target.config, target), KVGeometry.of(dc, drafter),
+                      dc.num_draft_tokens, dc.sliding_window, dc.block_size)
+
+
+def sized_engine(target: TargetModel, drafter: BlockDrafter | None, max_batch: int, max_len: int,
+                 eos_ids: frozenset[int], adaptive_speculation: bool = True) -> LLMEngine:
+    """An engine whose cache holds `max_batch` sequences of `max_len` tokens (rounded up to whole
+    pages): what bench, held-out evaluation and teacher-data generation run."""
+    max_len = -(-max_len // PAGE_SIZE) * PAGE_SIZE
+    return LLMEngine(target, drafter, EngineConfig(
+        max_batch=max_batch, max_model_len=max_len, adaptive_speculation=adaptive_speculation,
+        cache_budget_bytes=default_cache_budget(target, drafter, max_len, max_batch)), eos_ids)

@@ -135,7 +135,7 @@ class Scheduler:
             if not self.blocks.allocate(seq.block_table, len(seq.tokens) + self.lookahead, hits):
                 break
             self.waiting.popleft()
-            seq.num_computed = seq.num_drafter_ctx = len(hits) * self.blocks.block_size
+            seq.num_computed = seq.num_drafter_ctx = len(hits) * self.blocks.page_size
             if not seq.generated:
                 seq.num_cached_tokens = seq.num_computed
             seq.status = Status.PREFILL
