@@ -47,7 +47,7 @@ def main() -> None:
         for batch in BATCHES:
             rates, als = [], []
             for _ in range(args.repeats):
-                cfg = EngineConfig(max_batch=batch, cache_budget_bytes=64 * 2**20, block_size=16,
+                cfg = EngineConfig(max_batch=batch, cache_budget_bytes=64 * 2**20, page_size=16,
                                    adaptive_speculation=args.adaptive)
                 engine = LLMEngine(target, drafter, cfg)
                 t0 = time.perf_counter()

@@ -36,6 +36,7 @@ TAPS = (1, 8, 15, 22, 29)
 LAYERS, BLOCK, MASK_ID, MARKOV_RANK, DRAFT_VOCAB = 2, 8, 16, 64, 12288
 KINDS = ("dflash", "dspark")
 CFG_FILE = CACHE / "run.json"
+CURVE_JSON = ROOT / "docs" / "drafter_curve.json"     # versioned: every published run extends it
 EVAL_SETS, EVAL_PROMPTS, EVAL_TOKENS = ("chat", "humaneval", "math"), 6, 96
 
 
@@ -117,12 +118,18 @@ def cmd_train(args) -> None:
     CACHE.mkdir(parents=True, exist_ok=True)
     llm = load_llm()
     seqs, data_info = teacher_sequences()
-    drafters, vocab = new_drafters(llm, seqs, sorted(llm._eos_ids()))
+    run = json.loads(CFG_FILE.read_text()) if CFG_FILE.is_file() else None
     prior = None
-    if args.continue_shipped and not CFG_FILE.is_file():
+    if run is not None and run.get("prior") and not (CACHE / "state.pt").is_file():
+        drafters, _ = shipped_drafters(llm)   # a continued run stopped before its first checkpoint
+        if json.loads((ASSETS / "dspark" / "training.json").read_text())["step"] != run["prior"]["steps"]:
+            sys.exit(f"{CFG_FILE}: this run continues drafters of {run['prior']['steps']} steps, but the shipped "
+                     f"ones changed since; move {CACHE} away to start a new run.")
+    elif run is None and args.continue_shipped:
         drafters, prior = shipped_drafters(llm)
-    if CFG_FILE.is_file():           # a resumed run keeps its step budget and data
-        run = json.loads(CFG_FILE.read_text())
+    else:
+        drafters, vocab = new_drafters(llm, seqs, sorted(llm._eos_ids()))
+    if run is not None:           # a resumed run keeps its step budget and data
         if run["data"] != data_info:
             sys.exit(f"{CFG_FILE}: this run was started on other teacher data ({run['data']}); "
                      f"now {data_info}. Move {CACHE} away to start a new run.")
@@ -195,11 +202,16 @@ def cmd_eval(args) -> None:
     path = CACHE / "curve.json"
     run = json.loads(CFG_FILE.read_text())
     prior_steps, prior_tokens = _prior(run)
-    shipped_curve = ROOT / "benchmarks" / "results" / "drafter_curve.json"
     if path.is_file():
         curve = json.loads(path.read_text())
-    else:  # a run continued from the shipped drafters extends their curve
-        curve = json.loads(shipped_curve.read_text()) if prior_steps and shipped_curve.is_file() else {}
+    elif prior_steps:  # a run continued from the shipped drafters extends their curve
+        curve = json.loads(CURVE_JSON.read_text()) if CURVE_JSON.is_file() else {}
+        for kind in KINDS:         # at least their own end point
+            info = json.loads((ASSETS / kind / "training.json").read_text())
+            curve.setdefault(f"{kind}/{prior_steps}", {"kind": kind, "step": prior_steps, "teacher_tokens": prior_tokens,
+                                                       "sets": info["held_out"]})
+    else:
+        curve = {}
     per_step = run["config"]["seqs_per_step"]
     tokens_per_seq = run["data"]["response_tokens"] / run["data"]["conversations"]
     snaps = sorted((CACHE / "snapshots").glob("step_*"))
@@ -309,6 +321,7 @@ def cmd_publish(args) -> None:
             hours=prior_hours + state.get("elapsed", 0) / 3600, threads=run["threads"],
             cpu=run["cpu"], loss=hist[-1]["loss"], n_prompts=EVAL_PROMPTS, eval_tokens=EVAL_TOKENS, rows=rows))
         print(f"published {kind} step {step} -> {out}")
+    CURVE_JSON.write_text(json.dumps(curve, indent=1) + "\n")   # a continued run's curve holds the earlier points
 
 
 def main() -> None:

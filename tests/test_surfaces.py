@@ -1,8 +1,9 @@
-"""Every surface runs the engine's one step, so all of them agree with each other and with the
-single-sequence oracle (`decode.generate_one`): `generate`, `generate --tp 2`, `generate --onnx`,
-`bench`, the HTTP server (official openai client) and `LLM.generate` give the same tokens and
-per-step acceptance lengths for the same prompt — AR, DFlash, DFlash2 and DSpark, greedy and
-seeded sampling, full draft width (the adaptive width changes acceptance lengths, never tokens).
+"""Every surface agrees with the others and with the single-sequence oracle (`decode.generate_one`):
+`generate`, `generate --tp 2`, `bench`, the HTTP server (official openai client) and
+`LLM.generate` all run the engine's one step, and `generate --onnx` the lattice loop; each gives
+the same tokens and per-step acceptance lengths for the same prompt — AR, DFlash, DFlash2 and
+DSpark, greedy and seeded sampling, full draft width (the adaptive width changes acceptance
+lengths, never tokens).
 
 ONNX runs the drafter kinds it exports (DSpark, DFlash2). Its greedy walk equals the engine (the
 lattice's candidates hold the full-vocabulary chain); seeded, DSpark samples from the K candidates

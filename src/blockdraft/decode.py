@@ -1,7 +1,7 @@
 """The single-sequence reference loop: prefill → (propose → verify → accept)*, kept as the tests'
-oracle. No surface runs it — generate, serve, bench, LLM, --tp and teacher data run the batch
-engine — but it calls the same `propose` and `spec_decode.verify` functions, so the engine at
-any batch and width is checked against the plainest possible loop.
+oracle (and a few single-stream micro-benchmarks). No command, server or API path runs it —
+they run the batch engine — but it calls the same `propose` and `spec_decode.verify`
+functions, so the engine at any batch and width is checked against the plainest possible loop.
 
 The first token is sampled from the prefill's last logits and becomes the first
 anchor; the taps of every prompt token form the drafter's initial context. Each
@@ -20,6 +20,7 @@ import torch
 from .models.drafter import BlockDrafter
 from .models.target import TargetModel
 from .engine.admission import check_request
+from .engine.telemetry import Rates
 from .sampling.params import SamplingParams
 from .sampling.probs import pick, sampling_probs
 from .sampling.stops import StopCriteria
@@ -28,7 +29,7 @@ from .spec_decode.verify import greedy_accept, rejection_accept
 
 
 @dataclass
-class Generation:
+class Generation(Rates):
     token_ids: list[int]                                        # generated only
     acceptance_lengths: list[int] = field(default_factory=list)  # per verify step: accepted drafts + 1
     finish_reason: str = "length"
@@ -41,16 +42,6 @@ class Generation:
         if hit is not None:
             self.finish_reason = hit[1]
         return self
-
-    @property
-    def tokens_per_s(self) -> float:
-        total = self.prefill_s + self.decode_s
-        return len(self.token_ids) / total if total > 0 else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        a = self.acceptance_lengths
-        return sum(a) / len(a) if a else 0.0
 
 
 def verify_block(drafts: torch.Tensor, logits: torch.Tensor, draft_probs: torch.Tensor | None,

@@ -78,7 +78,6 @@ class LLM:
                               "(the weight-only layers are not sharded); use quantization=none")
         self.target = load_target(target_dir, dtype, quantization, device)
         self.numerics = describe(self.target.dtype, getattr(self.target, "quantization", "none"))
-        self.drafter_dir = drafter_dir
         self.drafter = load_drafter(drafter_dir, self.target, mode=mode, block_size=block_size) \
             if drafter_dir is not None else None
         self.tokenizer = Tokenizer(target_dir) if (target_dir / "tokenizer.json").is_file() else None

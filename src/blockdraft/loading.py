@@ -18,6 +18,7 @@ from .checkpoints.resolve import canonical_tensor_names, resolve_drafter, resolv
 from .checkpoints.weights import assign_weights, load_state_dict, read_json, strip_prefix, tensor_names
 from .config import DrafterConfig, TargetConfig
 from .errors import CheckpointError, ConfigError
+from .layers.linear import plan_linears
 from .layers.quant import check_scheme, quantize_target
 from .models.drafter import BlockDrafter
 from .models.target import TargetModel
@@ -45,6 +46,7 @@ def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
     quantize_target(model, scheme)
     model.to(device)
     model.source_dir = model_dir
+    plan_linears(model)                              # measure the row-invariant kernel plans now
     return model.eval().requires_grad_(False)
 
 
@@ -119,4 +121,5 @@ def load_drafter(drafter_dir: str | Path, target: TargetModel, mode: str | None 
     drafter.to(target.device)                        # the drafter lives where its target does
     drafter.check_vocab_map(f"drafter {drafter_dir}")
     drafter.source_dir = drafter_dir
+    plan_linears(drafter)
     return drafter.eval().requires_grad_(False)

@@ -16,14 +16,27 @@ from blockdraft.layers.attention import attend
 from blockdraft.layers.linear import stable_linear
 
 
-@pytest.mark.parametrize("shape", [(192, 576), (1536, 576), (576, 1536), (4096, 576)])
-def test_linear_rows_independent_of_row_count(shape):
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(192, 576), (1536, 576), (576, 1536), (576, 1152), (4096, 576)])
+def test_linear_rows_independent_of_row_count(shape, bias):
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(shape, generator=g) * 0.05).bfloat16()
+    b = torch.randn(shape[0], generator=g).bfloat16() if bias else None
     x = torch.randn(80, shape[1], generator=g).bfloat16()
-    one = torch.cat([stable_linear(x[i:i + 1], w) for i in range(80)])
+    one = torch.cat([stable_linear(x[i:i + 1], w, b) for i in range(80)])
     for rows in (2, 9, 16, 17, 33, 72, 80):
-        assert torch.equal(stable_linear(x[:rows], w), one[:rows]), rows
+        assert torch.equal(stable_linear(x[:rows], w, b), one[:rows]), rows
+
+
+def test_sliced_weights_follow_in_place_writes():
+    """The cached weight slices of a cut reduction are remade when the weight is written in place."""
+    from blockdraft.layers.linear import _sliced
+
+    w = torch.randn(64, 1536).bfloat16()
+    x = torch.randn(3, 1536).bfloat16()
+    before = _sliced(x, w, None, 2)
+    w.mul_(2)
+    assert torch.equal(_sliced(x, w, None, 2), (before.float() * 2).bfloat16())
 
 
 def test_attention_rows_independent_of_queries_and_keys():

@@ -7,8 +7,9 @@ Each step is schedule → run → postprocess: the scheduler picks who prefills 
 who decodes with how many drafts (allocating k+1 slots each, preempting the youngest when
 the pool is dry); the runner does one batched prefill and one batched propose → verify →
 accept; the scheduler applies the results (commit, stops, budgets, drafter context, prefix
-cache, finished requests). Every surface — generate, serve, bench, LLM, tensor-parallel
-ranks, teacher data — runs this step.
+cache, finished requests). generate, serve, bench, LLM, tensor-parallel ranks, held-out
+evaluation and teacher data run this step; `generate --onnx` still runs the lattice loop
+(`lattice_decode.py`) until onnxruntime sits behind the runner as a backend.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from ..sampling.params import SamplingParams
 from .policy import DraftWidthPolicy
 from .runner import ModelRunner
 from .scheduler import Scheduler
-from .sequence import Sequence, Status
-from .telemetry import EngineStats
+from .sequence import Sequence
+from .telemetry import EngineStats, Rates
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class EngineConfig:
 
 
 @dataclass
-class RequestOutput:
+class RequestOutput(Rates):
     """One request as the engine (and `LLM.generate`, the server, `generate`) reports it."""
 
     request_id: str
@@ -71,16 +72,6 @@ class RequestOutput:
     drafted: int = 0
     accepted: int = 0
     text: str = ""                       # decoded, cut at stop strings (filled by `LLM.generate`)
-
-    @property
-    def tokens_per_s(self) -> float:
-        total = self.prefill_s + self.decode_s
-        return len(self.token_ids) / total if total > 0 else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        a = self.acceptance_lengths
-        return sum(a) / len(a) if a else 0.0
 
 
 class LLMEngine:

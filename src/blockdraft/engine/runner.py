@@ -3,8 +3,9 @@
 One drafter forward and one target forward cover every decoding sequence (ragged
 context lengths, padded blocks with masks). Token choice and acceptance are per
 sequence, each with its own generator, so seeded results do not depend on who
-else is in the batch. The runner reads sequences and never writes them: it returns
-what each one computed (`SeqOutput`) and `Scheduler.postprocess` applies it.
+else is in the batch. The runner reads sequences and writes none of their fields (sampling
+advances each one's generator): it returns what each computed (`SeqOutput`) and
+`Scheduler.postprocess` applies it.
 """
 
 from __future__ import annotations

@@ -68,3 +68,17 @@ class EngineStats:
                 "blocks_free": self.blocks_free, "blocks_total": self.blocks_total,
                 "prefix_cache_hits": self.prefix_hits, "prefix_cache_queries": self.prefix_queries,
                 "requests_finished": dict(self.requests_finished)}
+
+
+class Rates:
+    """Throughput and mean acceptance of a finished generation (token_ids, acceptance_lengths, timing)."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        total = self.prefill_s + self.decode_s
+        return len(self.token_ids) / total if total > 0 else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        a = self.acceptance_lengths
+        return sum(a) / len(a) if a else 0.0

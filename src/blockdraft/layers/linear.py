@@ -8,8 +8,8 @@ bf16), and so must a request batched beside others. Rows go through in chunks of
 which keeps every call on the row-independent kernel for every shape on AVX2 (emulated bf16)
 and AMX. An AVX512-BF16 EPYC without AMX differs: reductions up to 1024 wide are row-independent
 at every row count, wider ones (SmolLM2's 1536-wide down projection) are not even at 2 rows.
-There the reduction is cut into slices that are (two of 768, summed in fp32; one-row calls
-too, so plain decoding and a verify compute the same thing): +40% on that matmul for one row,
+There the reduction is cut into slices that are (two of 768, their bf16 products added in
+fp32; one-row calls too, so plain decoding and a verify compute the same thing): +40% on that matmul for one row,
 where one row per call would cost 6x on a 9-row verify. What each weight shape needs is
 measured once on the machine that runs it (`reduction_slices`), and
 `tests/models/test_row_invariance.py` checks the result there. CUDA and fp32 are passed through unchanged (fp32 on MKL is not
@@ -26,16 +26,23 @@ ROW_CHUNK = 16                                   # the most rows one call takes
 _slices: dict[tuple[int, int, int], int] = {}    # (out, in, threads) -> reduction slices (0: row by row)
 
 
-def _sliced(flat: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Tensor:
-    """flat [rows, in] @ weight.T with the reduction cut into `parts` equal slices summed in fp32."""
+def _weight_slices(weight: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    """Contiguous column slices of a frozen weight, cached on it (remade if it is written in place)."""
+    key = (weight._version, weight.data_ptr(), parts)
+    cached = getattr(weight, "_reduction_slices", None)
+    if cached is None or cached[0] != key:
+        cached = (key, [w.contiguous() for w in weight.detach().chunk(parts, dim=1)])
+        weight._reduction_slices = cached
+    return cached[1]
+
+
+def _sliced(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, parts: int) -> torch.Tensor:
+    """flat [rows, in] @ weight.T + bias with the reduction cut into `parts` equal slices: each
+    slice's bf16 product is added in fp32 (with the bias), then rounded once more to bf16."""
     if parts == 1:
-        return F.linear(flat, weight)
-    ws = getattr(weight, "_reduction_slices", None)
-    if ws is None or len(ws) != parts:          # contiguous weight slices, made once per weight
-        ws = [w.contiguous() for w in weight.chunk(parts, dim=1)]
-        weight._reduction_slices = ws
-    acc = None
-    for x, w in zip(flat.chunk(parts, dim=1), ws):
+        return F.linear(flat, weight, bias)
+    acc = None if bias is None else bias.float()
+    for x, w in zip(flat.chunk(parts, dim=1), _weight_slices(weight, parts)):
         y = F.linear(x, w).float()
         acc = y if acc is None else acc + y
     return acc.to(flat.dtype)
@@ -44,31 +51,41 @@ def _sliced(flat: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Tenso
 def reduction_slices(out_features: int, in_features: int) -> int:
     """How this machine's bf16 CPU kernels must be called for a weight of this shape so that every
     row rounds as it does alone, at any row count up to ROW_CHUNK: 1 = plain calls; n > 1 = the
-    reduction cut into n slices (each on the row-independent kernel) summed in fp32; 0 = one row
-    per call. Measured on first use: random data with a wide exponent range (so a different
-    accumulation order shows in the bf16 result), every row count 2..ROW_CHUNK against one row
-    at a time, bitwise."""
+    reduction cut into n slices (each on the row-independent kernel); 0 = one row per call.
+    Measured once per shape (`plan_linears` does it at load): random data with a wide exponent
+    range (so a different accumulation order shows in the bf16 result), every row count
+    2..ROW_CHUNK against one row at a time, bitwise."""
     key = (out_features, in_features, torch.get_num_threads())
     if key in _slices:
         return _slices[key]
     g = torch.Generator().manual_seed(0)
 
     def wide(*shape):
-        return (torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-6, 7, shape, generator=g).float())
-                ).bfloat16()
+        scale = torch.exp2(torch.randint(-6, 7, shape, generator=g, dtype=torch.int8).to(torch.bfloat16))
+        return torch.randn(*shape, generator=g, dtype=torch.bfloat16) * scale
 
     w, x = wide(out_features, in_features), wide(2 * ROW_CHUNK, in_features)
-    _slices[key] = 0
+    found = 0
     with torch.no_grad():
         for parts in (1, 2, 3, 4, 6, 8):
             if in_features % parts or in_features // parts < 64:
                 continue
-            one = torch.cat([_sliced(row, w, parts) for row in x.split(1)])
-            if all(torch.equal(torch.cat([_sliced(c, w, parts) for c in x.split(r)]), one)
+            one = torch.cat([_sliced(row, w, None, parts) for row in x.split(1)])
+            if all(torch.equal(torch.cat([_sliced(c, w, None, parts) for c in x.split(r)]), one)
                    for r in range(2, ROW_CHUNK + 1)):
-                _slices[key] = parts
+                found = parts
                 break
-    return _slices[key]
+    _slices[key] = found
+    return found
+
+
+def plan_linears(model: nn.Module) -> None:
+    """Measure `reduction_slices` for every bf16 CPU weight shape of `model` now (at load), so the
+    first request does not pay for it."""
+    for m in model.modules():
+        w = getattr(m, "weight", None)
+        if isinstance(m, nn.Linear) and w is not None and w.dtype == torch.bfloat16 and w.device.type == "cpu":
+            reduction_slices(*w.shape)
 
 
 def stable_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -85,11 +102,10 @@ def stable_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     else:
         parts = reduction_slices(*weight.shape)
         chunk = ROW_CHUNK if parts else 1
-        if parts == 1 and flat.shape[0] <= chunk:
-            out = F.linear(flat, weight, bias)
+        if flat.shape[0] <= chunk:
+            out = _sliced(flat, weight, bias, max(1, parts))
         else:
-            out = torch.cat([_sliced(c, weight, max(1, parts)) for c in flat.split(chunk)])  # [rows, out]
-            out = out if bias is None else out + bias
+            out = torch.cat([_sliced(c, weight, bias, max(1, parts)) for c in flat.split(chunk)])  # [rows, out]
     return out.view(*x.shape[:-1], weight.shape[0])
 
 

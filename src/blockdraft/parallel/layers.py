@@ -119,7 +119,7 @@ def shard_topk(local: torch.Tensor, k: int, lo: int, tp: TPGroup) -> tuple[torch
 
 
 class ShardedVocab:
-    """The vocabulary ops (`spec_decode/vocab.py`) of a head that holds ids [lo, hi) on this rank."""
+    """The vocabulary ops (`layers/vocab.py`) of a head that holds ids [lo, hi) on this rank."""
 
     sharded = True
 
