@@ -20,4 +20,9 @@ class CheckpointError(BlockdraftError):
 
 
 class RequestError(BlockdraftError):
-    """A generation request is invalid (prompt too long, bad sampling params, ...)."""
+    """A generation request is invalid (prompt too long, bad sampling params, ...); `field` names the
+    request field at fault (the server reports it as the OpenAI error's `param`)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field

@@ -133,14 +133,11 @@ class LLMEngine:
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         params = params or SamplingParams()
-        check_request(self.target, prompt_ids, params)
-        total = len(prompt_ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise RequestError(f"prompt length {len(prompt_ids)} + max_tokens {params.max_tokens} exceeds "
-                               f"max_model_len={self.max_model_len}")
-        needed = self.blocks.blocks_for(total + self.lookahead + 1)
+        check_request(self.target, prompt_ids, params, self.max_model_len)
+        needed = self.blocks.blocks_for(len(prompt_ids) + params.max_tokens + self.lookahead + 1)
         if needed > self.plan.num_blocks:
-            raise RequestError(f"request needs {needed} cache blocks but the budget holds {self.plan.num_blocks}")
+            raise RequestError(f"request needs {needed} cache pages but the budget holds {self.plan.num_blocks}",
+                               "max_tokens")
         order = next(self._ids)
         rid = request_id or f"req-{order}"
         if rid in self.seqs:

@@ -28,7 +28,11 @@ _slices: dict[tuple[int, int, int], int] = {}    # (out, in, threads) -> reducti
 
 def _weight_slices(weight: torch.Tensor, parts: int) -> list[torch.Tensor]:
     """Contiguous column slices of a frozen weight, cached on it (remade if it is written in place)."""
-    key = (weight._version, weight.data_ptr(), parts)
+    try:
+        version = weight._version
+    except RuntimeError:        # an inference tensor: no version counter
+        version = None
+    key = (version, weight.data_ptr(), parts)
     cached = getattr(weight, "_reduction_slices", None)
     if cached is None or cached[0] != key:
         cached = (key, [w.contiguous() for w in weight.detach().chunk(parts, dim=1)])
