@@ -23,7 +23,7 @@ from conftest import ASSETS, random_prompts
 TARGET = ASSETS / "target-qwen3"
 PROMPTS = random_prompts(4, seed=61)
 # (fixture, sliding) — sliding variants rewrite the config: layer 0 sliding (window 4), layer 1 full
-CASES = [("dspark", False), ("dflash2", False), ("dspark", True), ("dflash2", True)]
+CASES = [("dspark", False), ("dspark", True), ("dflash2", True)]     # a full-attention dflash2 is refused
 
 
 def _drafter_dir(tmp_path_factory, name: str, sliding: bool):
@@ -130,11 +130,16 @@ def test_shared_initializers_are_stored_once(exported):
     out, torch_backend, _ = exported
     cfg = torch_backend.drafter.config
     runtime = json.loads((out / "genai_config.json").read_text())
-    assert sum(1 for k in ("dspark", "dflash2") if k in runtime["model"]) == 1
+    kinds = [k for k in ("dspark", "dflash2") if k in runtime["model"]]
+    assert len(kinds) == 1
     reused = (not cfg.own_embed_tokens) + (not cfg.own_lm_head)   # the tiny DSpark ships its own copies
     shared_bytes = reused * 128 * 64 * 4                          # tiny target: untied [128, 64] embedding and head
     assert (out / "shared_weights.bin").stat().st_size == shared_bytes
-    assert len(runtime["model"]["shared_initializers"]) == 2 * reused
+    for section in (runtime["model"]["decoder"], runtime["model"][kinds[0]]):   # ORT-GenAI's entry layout
+        entries = section["shared_initializers"]
+        assert len(entries) == reused
+        assert all(e["data_file"] == "shared_weights.bin" and int(e["length"]) == 128 * 64 * 4 and e["shape"]
+                   for e in entries)
     for graph in ("target.onnx", "drafter.onnx"):
         model = onnx.load(str(out / graph), load_external_data=False)
         locations = {e.value for i in model.graph.initializer for e in i.external_data if e.key == "location"}
@@ -142,11 +147,14 @@ def test_shared_initializers_are_stored_once(exported):
 
 
 def _corrupt(out, tmp_path, edit):
+    """`edit(genai_config, blockdraft_json)` on a copy of the export."""
     bad = tmp_path / "bad"
     shutil.copytree(out, bad)
     runtime = json.loads((bad / "genai_config.json").read_text())
-    edit(runtime)
+    side = json.loads((bad / "blockdraft.json").read_text())
+    edit(runtime, side)
     (bad / "genai_config.json").write_text(json.dumps(runtime))
+    (bad / "blockdraft.json").write_text(json.dumps(side))
     return bad
 
 
@@ -155,16 +163,17 @@ def _section(r):
 
 
 @pytest.mark.parametrize("edit,message", [
-    (lambda r: r["model"].update(dflash2=dict(_section(r)), dspark=dict(_section(r))), "both model.dflash2 and"),
-    (lambda r: _section(r).update(top_k=_section(r)["top_k"] + 1), "axis 2 is"),
-    (lambda r: _section(r).update(head_size=7), "axis 3 is 16, genai_config.json declares 7"),
-    (lambda r: _section(r)["cache"].update(dtype="bfloat16"), "declares bfloat16"),
-    (lambda r: r["model"]["decoder"].update(dtype="float16"), "model.decoder.dtype must be float32 or bfloat16"),
-    (lambda r: _section(r)["outputs"].update(scores="lattice_scores"), "'lattice_scores' named in genai_config"),
-    (lambda r: _section(r).update(num_draft_tokens=_section(r)["block_size"] + 3), "num_draft_tokens="),
-    (lambda r: _section(r).update(filename="missing.onnx"), "missing file:"),
-    (lambda r: r["model"].pop("decoder"), "model.decoder (the target graph) is missing"),
-    (lambda r: r["model"]["decoder"].pop("head_size"), "field 'head_size' is missing"),
+    (lambda r, b: r["model"].update(dflash2=dict(_section(r)), dspark=dict(_section(r))), "both model.dflash2 and"),
+    (lambda r, b: _section(r).update(selector_top_k=_section(r)["selector_top_k"] + 1), "axis 2 is"),
+    (lambda r, b: _section(r).update(head_size=7), "axis 3 is 16, genai_config.json declares 7"),
+    (lambda r, b: b["drafter_cache"].update(dtype="bfloat16"), "declares bfloat16"),
+    (lambda r, b: b.update(dtype="float16"), "blockdraft.json: dtype must be float32 or bfloat16"),
+    (lambda r, b: _section(r)["outputs"].update(scores="lattice_scores"), "'lattice_scores' named in genai_config"),
+    (lambda r, b: _section(r).update(num_draft_tokens=_section(r)["block_size"] + 3), "num_draft_tokens="),
+    (lambda r, b: _section(r).update(filename="missing.onnx"), "missing file:"),
+    (lambda r, b: r["model"].pop("decoder"), "model.decoder (the target graph) is missing"),
+    (lambda r, b: r["model"]["decoder"].pop("head_size"), "field 'head_size' is missing"),
+    (lambda r, b: b.pop("target_layer_ids"), "blockdraft.json.target_layer_ids is missing"),
 ])
 def test_corrupted_runtime_json_is_refused_by_name(exported, tmp_path, edit, message):
     with pytest.raises(ConfigError) as err:
@@ -172,11 +181,14 @@ def test_corrupted_runtime_json_is_refused_by_name(exported, tmp_path, edit, mes
     assert message in str(err.value)
 
 
-def test_export_refuses_what_the_contract_cannot_hold(tmp_path):
+def test_export_refuses_what_the_contract_cannot_hold(tmp_path, tmp_path_factory):
     with pytest.raises(ConfigError, match="kind='dflash'"):
         export_onnx(TARGET, ASSETS / "dflash", tmp_path / "a")
+    with pytest.raises(ConfigError, match=r"sliding_window > 0"):
+        export_onnx(TARGET, ASSETS / "dflash2", tmp_path / "b")        # full attention: 0.18 refuses it
+    sliding = _drafter_dir(tmp_path_factory, "dflash2", True)
     with pytest.raises(ConfigError, match="selector_top_k=4"):
-        export_onnx(TARGET, ASSETS / "dflash2", tmp_path / "b", top_k=6)
+        export_onnx(TARGET, sliding, tmp_path / "b", top_k=6)
     with pytest.raises(BlockdraftError, match="missing file"):
         export_onnx(TARGET, tmp_path / "nope", tmp_path / "c")
     assert not any(p.name.startswith(("a", "b", "c")) for p in tmp_path.iterdir())
@@ -202,10 +214,9 @@ def test_cli_export_and_generate_onnx_match_torch(tmp_path, capsys):
 def test_bf16_export_stores_bf16_weights_and_agrees(tmp_path):
     """bf16 = bf16 initializers cast to fp32 at use (onnxruntime's CPU provider has no bf16 Gemm). The
     tiny fixtures are bf16 checkpoints, so rounding loses nothing: outputs must equal the fp32 export."""
-    bf16 = export_onnx(TARGET, ASSETS / "dflash2", tmp_path / "bf16", "bf16")
-    fp32 = export_onnx(TARGET, ASSETS / "dflash2", tmp_path / "fp32", "fp32")
-    runtime = json.loads((bf16 / "genai_config.json").read_text())
-    assert runtime["model"]["weights_dtype"] == "bfloat16"
+    bf16 = export_onnx(TARGET, ASSETS / "dspark", tmp_path / "bf16", "bf16")
+    fp32 = export_onnx(TARGET, ASSETS / "dspark", tmp_path / "fp32", "fp32")
+    assert json.loads((bf16 / "blockdraft.json").read_text())["weights_dtype"] == "bfloat16"
     model = onnx.load(str(bf16 / "target.onnx"), load_external_data=False)
     assert any(i.data_type == onnx.TensorProto.BFLOAT16 for i in model.graph.initializer)
     for name in ("target.onnx.data", "drafter.onnx.data"):
@@ -215,3 +226,17 @@ def test_bf16_export_stores_bf16_weights_and_agrees(tmp_path):
         ga = lattice_generate(a, prompt, SamplingParams(max_tokens=30))
         gb = lattice_generate(b, prompt, SamplingParams(max_tokens=30))
         assert ga.token_ids == gb.token_ids and ga.acceptance_lengths == gb.acceptance_lengths
+
+
+def test_onnxruntime_genai_parses_the_genai_config(exported):
+    """ONNX Runtime GenAI 0.18.0's own parser (unknown keys are fatal there) reads our genai_config.json."""
+    import onnxruntime_genai as og
+
+    og.Config(str(exported[0]))
+    bad = exported[0].parent / "with-unknown-key"
+    shutil.copytree(exported[0], bad, dirs_exist_ok=True)
+    runtime = json.loads((bad / "genai_config.json").read_text())
+    _section(runtime)["tap_point"] = "layer_output"                # a key of ours the parser does not know
+    (bad / "genai_config.json").write_text(json.dumps(runtime))
+    with pytest.raises(Exception, match="Unknown value"):         # the check is not vacuous
+        og.Config(str(bad))

@@ -5,8 +5,16 @@ Layout of OUT_DIR:
   drafter.onnx (+ drafter.onnx.data)   candidate lattice + present drafter K/V
   shared_weights.bin                   tensors both graphs use (the target's embedding and LM head),
                                        stored once and referenced by both as external initializers
-  genai_config.json                    `model.decoder` + `model.dspark` | `model.dflash2` (never both)
+  genai_config.json                    ONNX Runtime GenAI 0.18's config, only keys its parser accepts
+                                       (`model.decoder` + `model.dspark` | `model.dflash2`, never both;
+                                       `speculative.max_draft_tokens`); `og.Config` loads it (tested)
+  blockdraft.json                      what blockdraft's backend needs beyond that: graph dtypes, tap
+                                       layers, drafter cache layout, input names of this graph layout
   tokenizer.json, tokenizer_config.json (copied from the target)
+
+The graphs themselves still follow blockdraft's own layout (contiguous growing KV, 3-D taps,
+int64 candidates), not ORT-GenAI's paged one (`docs/ortgenai_contract.md`), so og.Engine cannot
+run them yet; DFlash2 without a sliding window is refused, as the 0.18 runtime refuses it.
 """
 
 from __future__ import annotations
@@ -46,6 +54,9 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
         raise ConfigError(f"export onnx writes the ORT-GenAI lattice contract, which covers dspark and dflash2 "
                           f"drafters; {drafter_dir} resolves to kind={cfg.kind!r}")
     if cfg.kind == "dflash2":
+        if not any(cfg.layer_window(i) for i in range(cfg.num_layers)):
+            raise ConfigError(f"{drafter_dir}: a dflash2 drafter without a sliding window cannot be exported: "
+                              "ONNX Runtime GenAI 0.18 requires model.dflash2.sliding_window > 0")
         if top_k is not None and top_k != cfg.selector_top_k:
             raise ConfigError(f"--top-k {top_k}: a dflash2 selector is trained for selector_top_k="
                               f"{cfg.selector_top_k}; omit --top-k or pass that value")
@@ -85,9 +96,10 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
         for graph in ("target.onnx", "drafter.onnx"):
             weights_to_bf16(tmp / graph)
     shared = share_initializers(tmp, ["target.onnx", "drafter.onnx"])
-    runtime = runtime_json(target, drafter, top_k, torch_dtype, shared)
-    runtime["model"]["weights_dtype"] = "bfloat16" if weights_bf16 else "float32"
-    (tmp / "genai_config.json").write_text(json.dumps(runtime, indent=1) + "\n")
+    (tmp / "genai_config.json").write_text(json.dumps(genai_config(target, drafter, top_k, shared), indent=1) + "\n")
+    side = blockdraft_json(target, drafter, torch_dtype)
+    side["weights_dtype"] = "bfloat16" if weights_bf16 else "float32"
+    (tmp / "blockdraft.json").write_text(json.dumps(side, indent=1) + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         if (Path(target_dir) / name).is_file():
             shutil.copy(Path(target_dir) / name, tmp / name)
@@ -131,9 +143,10 @@ def weights_to_bf16(path: Path, threshold: int = 1024) -> None:
     onnx.save_model(model, str(path))
 
 
-def share_initializers(folder: Path, names: list[str], threshold: int = 1024) -> list[str]:
+def share_initializers(folder: Path, names: list[str], threshold: int = 1024) -> dict[str, list[dict]]:
     """Store initializers that appear (byte-identical) in several graphs once, in shared_weights.bin,
-    as external data both graphs point to; each graph's other large initializers go to GRAPH.data."""
+    as external data both graphs point to; each graph's other large initializers go to GRAPH.data.
+    Returns, per graph, its shared tensors as ORT-GenAI's `shared_initializers` entries."""
     import onnx
     from onnx.external_data_helper import set_external_data
 
@@ -143,18 +156,20 @@ def share_initializers(folder: Path, names: list[str], threshold: int = 1024) ->
         for init in m.graph.initializer:
             if len(init.raw_data) >= threshold:
                 owners.setdefault(hashlib.sha256(init.raw_data).hexdigest(), []).append((n, init))
-    shared_names, offset = [], 0
-    with open(folder / "shared_weights.bin", "wb") as shared:
+    shared: dict[str, list[dict]] = {n: [] for n in names}
+    offset = 0
+    with open(folder / "shared_weights.bin", "wb") as out:
         for digest, uses in owners.items():
             if len({n for n, _ in uses}) < 2:
                 continue
             data = uses[0][1].raw_data
-            shared.write(data)
-            for _, init in uses:
+            out.write(data)
+            for n, init in uses:
                 set_external_data(init, "shared_weights.bin", offset, len(data))
                 init.ClearField("raw_data")
                 init.data_location = onnx.TensorProto.EXTERNAL
-                shared_names.append(init.name)
+                shared[n].append({"name": init.name, "data_file": "shared_weights.bin", "offset": str(offset),
+                                  "length": str(len(data)), "data_type": init.data_type, "shape": list(init.dims)})
             offset += len(data)
     for n, m in models.items():
         own, own_offset = folder / f"{n}.data", 0
@@ -167,35 +182,43 @@ def share_initializers(folder: Path, names: list[str], threshold: int = 1024) ->
                     init.ClearField("raw_data")
                     init.data_location = onnx.TensorProto.EXTERNAL
         onnx.save_model(m, str(folder / n))
-    return sorted(set(shared_names))
+    return {n: sorted(entries, key=lambda e: e["name"]) for n, entries in shared.items()}
 
 
-def runtime_json(target, drafter, top_k: int, dtype: torch.dtype, shared: list[str]) -> dict:
+def genai_config(target, drafter, top_k: int, shared: dict[str, list[dict]]) -> dict:
+    """genai_config.json in ONNX Runtime GenAI 0.18's schema: only keys its parser accepts."""
+    t, d = target.config, drafter.config
+    cache_in = {"past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"}
+    cache_out = {"present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}
+    decoder = {
+        "filename": "target.onnx", "hidden_size": t.hidden_size, "num_attention_heads": t.num_heads,
+        "num_hidden_layers": t.num_layers, "num_key_value_heads": t.num_kv_heads, "head_size": t.head_dim,
+        "inputs": {"input_ids": "input_ids", "position_ids": "position_ids", **cache_in},
+        "outputs": {"logits": "logits", "aux_hidden_states": "hidden_states", **cache_out},
+        "shared_initializers": shared["target.onnx"],
+    }
+    section = {
+        "filename": "drafter.onnx", "num_hidden_layers": d.num_layers, "num_key_value_heads": d.num_kv_heads,
+        "head_size": d.head_dim, "block_size": d.block_size, "num_draft_tokens": d.num_draft_tokens,
+        "selector_top_k": top_k, "mask_token_id": d.mask_token_id, "sliding_window": d.sliding_window or -1,
+        "main_aux_hidden_states": "hidden_states", "aux_hidden_state_layers": list(d.target_layer_ids),
+        "inputs": {"aux_hidden_states": "hidden_states", "input_ids": "input_ids", **cache_in},
+        "outputs": {"candidate_ids": "draft_candidate_ids", "scores": "draft_scores", **cache_out},
+        "shared_initializers": shared["drafter.onnx"],
+    }
+    eos = list(t.eos_token_ids)
+    return {"model": {"type": t.architecture, "vocab_size": t.vocab_size, "context_length": t.max_position_embeddings,
+                      "eos_token_id": eos if len(eos) != 1 else eos[0], "decoder": decoder, d.kind: section},
+            "speculative": {"max_draft_tokens": min(16, d.num_draft_tokens)}}
+
+
+def blockdraft_json(target, drafter, dtype: torch.dtype) -> dict:
+    """What blockdraft's onnxruntime backend reads beyond genai_config.json (ORT-GenAI refuses these keys)."""
     t, d = target.config, drafter.config
     layers = [{"kind": "ring" if layer.window else "full", "window": layer.window} for layer in drafter.layers]
-    kinds = {layer["kind"] for layer in layers}
-    section = {
-        "filename": "drafter.onnx", "block_size": d.block_size, "num_draft_tokens": d.num_draft_tokens,
-        "top_k": top_k, "mask_token_id": d.mask_token_id, "target_layer_ids": list(d.target_layer_ids),
-        "shift_label": d.shift_label, "hidden_size": d.hidden_size, "num_hidden_layers": d.num_layers,
-        "num_key_value_heads": d.num_kv_heads, "head_size": d.head_dim,
-        "cache": {"kind": kinds.pop() if len(kinds) == 1 else "mixed", "dtype": ONNX_DTYPE[dtype], "layers": layers},
-        "inputs": {"hidden_states": "hidden_states", "position_ids": "position_ids", "input_ids": "input_ids",
-                   "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
-        "outputs": {"candidate_ids": "draft_candidate_ids", "scores": "draft_scores",
-                    "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"},
-    }
-    if d.kind == "dspark":
-        section["markov_rank"] = d.markov_rank
-    decoder = {
-        "filename": "target.onnx", "vocab_size": t.vocab_size, "hidden_size": t.hidden_size,
-        "num_hidden_layers": t.num_layers, "num_key_value_heads": t.num_kv_heads, "head_size": t.head_dim,
-        "context_length": t.max_position_embeddings, "eos_token_id": list(t.eos_token_ids),
-        "tap_layers": list(d.target_layer_ids), "dtype": ONNX_DTYPE[dtype],
-        "inputs": {"input_ids": "input_ids", "position_ids": "position_ids",
-                   "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
-        "outputs": {"logits": "logits", "hidden_states": "hidden_states",
-                    "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"},
-    }
-    return {"model": {"type": "blockdraft", "vocab_size": t.vocab_size, "shared_initializers": shared,
-                      "decoder": decoder, d.kind: section}}
+    return {"format": 1, "kind": d.kind, "dtype": ONNX_DTYPE[dtype], "eos_token_ids": list(t.eos_token_ids),
+            "target_layer_ids": list(d.target_layer_ids), "tap_layers": list(d.taps.layers),
+            "shift_label": d.shift_label, "drafter_hidden_size": d.hidden_size,
+            "markov_rank": d.markov_rank if d.kind == "dspark" else None,
+            "drafter_cache": {"dtype": ONNX_DTYPE[dtype], "layers": layers},
+            "inputs": {"target_position_ids": "position_ids", "drafter_position_ids": "position_ids"}}

@@ -45,24 +45,31 @@ def _check(graph: str, metas: dict, name: str, dtype: str, dims: dict[int, int],
             raise ContractError(f"{graph}: tensor {name!r} axis {axis} is {got}, genai_config.json declares {want}")
 
 
-def _read_runtime(folder: Path) -> tuple[dict, dict, str]:
-    path = folder / "genai_config.json"
+def _read_json(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"missing file: {path}")
     try:
-        runtime = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path} is not valid JSON: {e}") from None
+
+
+def _read_runtime(folder: Path) -> tuple[dict, dict, dict, str, dict]:
+    """genai_config.json's model, decoder and drafter sections, the drafter kind, and blockdraft.json."""
+    path = folder / "genai_config.json"
+    runtime = _read_json(path)
     kind = runtime_json_section(runtime)["kind"]     # exactly one of model.dspark / model.dflash2
     decoder = runtime["model"].get("decoder")
     if not isinstance(decoder, dict):
         raise ContractError(f"{path}: model.decoder (the target graph) is missing")
-    return decoder, runtime["model"][kind], kind
+    return runtime["model"], decoder, runtime["model"][kind], kind, _read_json(folder / "blockdraft.json")
 
 
 def _field(section: dict, name: str, where: str):
+    """section[name], or a named error; `where` is a genai_config.json path or starts with blockdraft.json."""
     if name not in section:
-        raise ContractError(f"genai_config.json: {where}.{name} is missing")
+        prefix = "" if where.startswith("blockdraft.json") else "genai_config.json: "
+        raise ContractError(f"{prefix}{where}.{name} is missing")
     return section[name]
 
 
@@ -75,15 +82,15 @@ class OnnxBackend:
         except ImportError:
             raise ConfigError("--onnx needs onnxruntime: pip install 'blockdraft[onnx]'") from None
         self.folder = Path(folder)
-        dec, drf, self.kind = _read_runtime(self.folder)
+        model, dec, drf, self.kind, side = _read_runtime(self.folder)
         where = f"model.{self.kind}"
-        self.vocab_size = int(_field(dec, "vocab_size", "model.decoder"))
+        self.vocab_size = int(_field(model, "vocab_size", "model"))
         self.block_size = int(_field(drf, "block_size", where))
         self.num_draft_tokens = int(_field(drf, "num_draft_tokens", where))
         self.mask_token_id = int(_field(drf, "mask_token_id", where))
-        self.top_k = int(_field(drf, "top_k", where))
-        self.eos_token_ids = list(dec.get("eos_token_id", []))
-        self.context_length = int(dec.get("context_length", 1 << 30))
+        self.top_k = int(_field(drf, "selector_top_k", where))
+        self.eos_token_ids = list(side.get("eos_token_ids", []))
+        self.context_length = int(model.get("context_length", 1 << 30))
         want_n = self.block_size if self.kind == "dspark" else self.block_size - 1
         if self.num_draft_tokens != want_n:
             raise ContractError(f"{where}.num_draft_tokens={self.num_draft_tokens} but a {self.kind} block of "
@@ -98,35 +105,35 @@ class OnnxBackend:
                 raise ConfigError(f"missing file: {path}")
             self.sessions[role] = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         try:
-            self._check_contract(dec, drf, where)
+            self._check_contract(dec, drf, where, side)
         except KeyError as e:
             raise ContractError(f"genai_config.json: field {e.args[0]!r} is missing") from None
         except TypeError as e:
             raise ContractError(f"genai_config.json: a field has the wrong type ({e})") from None
         self.reset()
 
-    def _check_contract(self, dec: dict, drf: dict, where: str) -> None:
+    def _check_contract(self, dec: dict, drf: dict, where: str, side: dict) -> None:
         t_sess, d_sess = self.sessions["decoder"], self.sessions[self.kind]
         t_in, t_out, d_in, d_out = _meta(t_sess, "input"), _meta(t_sess, "output"), _meta(d_sess, "input"), \
             _meta(d_sess, "output")
-        self.t_dtype = _field(dec, "dtype", "model.decoder")
-        cache = _field(drf, "cache", where)
-        self.d_dtype = _field(cache, "dtype", f"{where}.cache")
-        for dtype, field in ((self.t_dtype, "model.decoder.dtype"), (self.d_dtype, f"{where}.cache.dtype")):
+        self.t_dtype = _field(side, "dtype", "blockdraft.json")
+        self.d_dtype = _field(_field(side, "drafter_cache", "blockdraft.json"), "dtype", "blockdraft.json.drafter_cache")
+        for dtype, field in ((self.t_dtype, "dtype"), (self.d_dtype, "drafter_cache.dtype")):
             if dtype not in ("float32", "bfloat16"):
-                raise ContractError(f"genai_config.json: {field} must be float32 or bfloat16, got {dtype!r}")
+                raise ContractError(f"blockdraft.json: {field} must be float32 or bfloat16, got {dtype!r}")
         ti, to, di, do = dec["inputs"], dec["outputs"], drf["inputs"], drf["outputs"]
         self.t_layers = int(_field(dec, "num_hidden_layers", "model.decoder"))
         self.d_layers = int(_field(drf, "num_hidden_layers", where))
         t_heads, t_dim = int(dec["num_key_value_heads"]), int(dec["head_size"])
         d_heads, d_dim = int(drf["num_key_value_heads"]), int(drf["head_size"])
-        feat = len(_field(drf, "target_layer_ids", where)) * int(dec["hidden_size"])
+        feat = len(_field(side, "target_layer_ids", "blockdraft.json")) * int(dec["hidden_size"])
         self.t_names = {"ids": ti["input_ids"], "pos": ti["position_ids"], "logits": to["logits"],
-                        "taps": to["hidden_states"],
+                        "taps": to["aux_hidden_states"],
                         "past": [ti[f"past_{kv}_names"] % i for i in range(self.t_layers) for kv in ("key", "value")],
                         "present": [to[f"present_{kv}_names"] % i for i in range(self.t_layers)
                                     for kv in ("key", "value")]}
-        self.d_names = {"taps": di["hidden_states"], "pos": di["position_ids"], "ids": di["input_ids"],
+        self.d_names = {"taps": di["aux_hidden_states"], "pos": side["inputs"]["drafter_position_ids"],
+                        "ids": di["input_ids"],
                         "cand": do["candidate_ids"], "scores": do["scores"],
                         "past": [di[f"past_{kv}_names"] % i for i in range(self.d_layers) for kv in ("key", "value")],
                         "present": [do[f"present_{kv}_names"] % i for i in range(self.d_layers)
