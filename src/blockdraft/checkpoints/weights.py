@@ -20,13 +20,13 @@ from ..errors import CheckpointError
 log = logging.getLogger(__name__)
 
 
-def read_json(path: Path) -> dict:
+def read_json(path: Path, error: type[Exception] = CheckpointError) -> dict:
     if not path.is_file():
-        raise CheckpointError(f"missing file: {path}")
+        raise error(f"missing file: {path}")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+        raise error(f"{path} is not valid JSON: {e}") from None
 
 
 def tensor_names(model_dir: Path) -> list[str]:

@@ -9,13 +9,13 @@ head count and head size; the lattice outputs are int64 [batch, n, K] and fp32
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..checkpoints.resolve import runtime_json_section
+from ..checkpoints.weights import read_json
 from ..errors import ConfigError
 from ..spec_decode.lattice import Lattice
 
@@ -45,24 +45,15 @@ def _check(graph: str, metas: dict, name: str, dtype: str, dims: dict[int, int],
             raise ContractError(f"{graph}: tensor {name!r} axis {axis} is {got}, genai_config.json declares {want}")
 
 
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise ConfigError(f"missing file: {path}")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path} is not valid JSON: {e}") from None
-
-
 def _read_runtime(folder: Path) -> tuple[dict, dict, dict, str, dict]:
     """genai_config.json's model, decoder and drafter sections, the drafter kind, and blockdraft.json."""
     path = folder / "genai_config.json"
-    runtime = _read_json(path)
+    runtime = read_json(path, ConfigError)
     kind = runtime_json_section(runtime)["kind"]     # exactly one of model.dspark / model.dflash2
     decoder = runtime["model"].get("decoder")
     if not isinstance(decoder, dict):
         raise ContractError(f"{path}: model.decoder (the target graph) is missing")
-    return runtime["model"], decoder, runtime["model"][kind], kind, _read_json(folder / "blockdraft.json")
+    return runtime["model"], decoder, runtime["model"][kind], kind, read_json(folder / "blockdraft.json", ConfigError)
 
 
 def _field(section: dict, name: str, where: str):
