@@ -270,7 +270,7 @@ embedding is reused, not stored; the LM head covers a pruned draft vocabulary (`
 | draft vocabulary | {vocab} most frequent response ids (+ EOS): {coverage:.2%} of the teacher response tokens |
 | data | `data/teacher/smollm2`: {conversations} conversations, {tokens} response tokens from {shards} shards (the target's own greedy responses, bf16; sources and licences in its manifest); taps recomputed by teacher forcing each step, never stored |
 | budget | {steps} steps × {seqs} sequences × {anchors} anchors ({seen:.0f}K teacher response tokens seen), AdamW lr {lr} (warmup {warmup}, cosine), the same batches for DFlash and DSpark{continued} |
-| training time | {hours:.1f} h wall on {threads} CPU thread(s) of a 2-core {cpu}, DFlash and DSpark together |
+| training time | {hours:.1f} h wall on {threads} CPU thread(s) of a 2-core {cpu}, DFlash and DSpark together{earlier} |
 | final loss | {loss:.3f} |
 
 Held-out greedy acceptance (block {block}, {n_prompts} prompts per set, {eval_tokens} new tokens, no prompt in the training data):
@@ -279,7 +279,7 @@ Held-out greedy acceptance (block {block}, {n_prompts} prompts per set, {eval_to
 |---|---|---|
 {rows}
 
-Reproduce: `python scripts/train_default_drafters.py train && python scripts/train_default_drafters.py eval
+Reproduce: `python scripts/train_default_drafters.py train{continue_flag} && python scripts/train_default_drafters.py eval
 && python scripts/train_default_drafters.py publish`. `training.json` holds the loss history.
 """
 
@@ -317,8 +317,9 @@ def cmd_publish(args) -> None:
             vocab=run["vocab"]["draft_vocab_size"], coverage=run["vocab"]["coverage"], **run["data"],
             tokens=run["data"]["response_tokens"], steps=step, seqs=cfg["seqs_per_step"],
             anchors=cfg["anchors_per_seq"], seen=(prior_tokens + local * cfg["seqs_per_step"] * per_seq) / 1e3,
-            continued=continued, lr=cfg["lr"], warmup=cfg["warmup"],
-            hours=prior_hours + state.get("elapsed", 0) / 3600, threads=run["threads"],
+            continued=continued, continue_flag=" --continue-shipped" if prior_steps else "", lr=cfg["lr"], warmup=cfg["warmup"],
+            hours=state.get("elapsed", 0) / 3600, threads=run["threads"],
+            earlier=f" (plus {prior_hours:.1f} h for the {prior_steps} steps it continued)" if prior_steps else "",
             cpu=run["cpu"], loss=hist[-1]["loss"], n_prompts=EVAL_PROMPTS, eval_tokens=EVAL_TOKENS, rows=rows))
         print(f"published {kind} step {step} -> {out}")
     CURVE_JSON.write_text(json.dumps(curve, indent=1) + "\n")   # a continued run's curve holds the earlier points
