@@ -12,6 +12,7 @@ target's embedding and LM head), `training.json` and a plot.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -155,7 +156,13 @@ def _taps_for(drafter: BlockDrafter, seq: TeacherSeq, joint: Taps, last_layer: i
 def _sequence_order(n: int, index: int, seed: int) -> int:
     """The `index`-th sequence drawn: epochs are seeded permutations, so a resumed run draws the same."""
     epoch, pos = divmod(index, n)
-    return int(torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))[pos])
+    return _epoch_order(n, epoch, seed)[pos]
+
+
+@functools.lru_cache(maxsize=2)
+def _epoch_order(n: int, epoch: int, seed: int) -> list[int]:
+    """One epoch's seeded permutation of n sequences (made once per epoch, not per draw)."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
 
 
 def fit(drafter: BlockDrafter, data: list[TeacherSeq], cfg: TrainConfig, state_path: Path | None = None,
