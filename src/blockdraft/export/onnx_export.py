@@ -221,4 +221,4 @@ def blockdraft_json(target, drafter, dtype: torch.dtype) -> dict:
             "shift_label": d.shift_label, "drafter_hidden_size": d.hidden_size,
             "markov_rank": d.markov_rank if d.kind == "dspark" else None,
             "drafter_cache": {"dtype": ONNX_DTYPE[dtype], "layers": layers},
-            "inputs": {"target_position_ids": "position_ids", "drafter_position_ids": "position_ids"}}
+            "drafter_inputs": {"position_ids": "position_ids"}}   # ORT-GenAI's drafter inputs have no positions

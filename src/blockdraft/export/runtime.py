@@ -108,7 +108,8 @@ class OnnxBackend:
         t_in, t_out, d_in, d_out = _meta(t_sess, "input"), _meta(t_sess, "output"), _meta(d_sess, "input"), \
             _meta(d_sess, "output")
         self.t_dtype = _field(side, "dtype", "blockdraft.json")
-        self.d_dtype = _field(_field(side, "drafter_cache", "blockdraft.json"), "dtype", "blockdraft.json.drafter_cache")
+        cache = _field(side, "drafter_cache", "blockdraft.json")
+        self.d_dtype = _field(cache, "dtype", "blockdraft.json.drafter_cache")
         for dtype, field in ((self.t_dtype, "dtype"), (self.d_dtype, "drafter_cache.dtype")):
             if dtype not in ("float32", "bfloat16"):
                 raise ContractError(f"blockdraft.json: {field} must be float32 or bfloat16, got {dtype!r}")
@@ -123,8 +124,9 @@ class OnnxBackend:
                         "past": [ti[f"past_{kv}_names"] % i for i in range(self.t_layers) for kv in ("key", "value")],
                         "present": [to[f"present_{kv}_names"] % i for i in range(self.t_layers)
                                     for kv in ("key", "value")]}
-        self.d_names = {"taps": di["aux_hidden_states"], "pos": side["inputs"]["drafter_position_ids"],
-                        "ids": di["input_ids"],
+        d_inputs = _field(side, "drafter_inputs", "blockdraft.json")
+        d_pos = _field(d_inputs, "position_ids", "blockdraft.json.drafter_inputs")
+        self.d_names = {"taps": di["aux_hidden_states"], "pos": d_pos, "ids": di["input_ids"],
                         "cand": do["candidate_ids"], "scores": do["scores"],
                         "past": [di[f"past_{kv}_names"] % i for i in range(self.d_layers) for kv in ("key", "value")],
                         "present": [do[f"present_{kv}_names"] % i for i in range(self.d_layers)

@@ -9,11 +9,11 @@ which keeps every call on the row-independent kernel for every shape on AVX2 (em
 and AMX. An AVX512-BF16 EPYC without AMX differs: reductions up to 1024 wide are row-independent
 at every row count, wider ones (SmolLM2's 1536-wide down projection) are not even at 2 rows.
 There the reduction is cut into slices that are (two of 768, their bf16 products added in
-fp32; one-row calls too, so plain decoding and a verify compute the same thing): +40% on that matmul for one row,
-where one row per call would cost 6x on a 9-row verify. What each weight shape needs is
-measured once on the machine that runs it (`reduction_slices`), and
-`tests/models/test_row_invariance.py` checks the result there. CUDA and fp32 are passed through unchanged (fp32 on MKL is not
-row-invariant at any chunk size: `numerics.py` says so).
+fp32; one-row calls too, so plain decoding and a verify compute the same thing): +40% on that
+matmul for one row, where one row per call would cost 6x on a 9-row verify. What each weight
+shape needs is measured once on the machine that runs it (`reduction_slices`), and
+`tests/models/test_row_invariance.py` checks the result there. CUDA and fp32 are passed
+through unchanged (fp32 on MKL is not row-invariant at any chunk size: `numerics.py` says so).
 """
 
 from __future__ import annotations
@@ -105,11 +105,11 @@ def stable_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         out = F.linear(flat, weight, bias)
     else:
         parts = reduction_slices(*weight.shape)
-        chunk = ROW_CHUNK if parts else 1
+        chunk, parts = (ROW_CHUNK, parts) if parts else (1, 1)       # 0: one row per call, uncut
         if flat.shape[0] <= chunk:
-            out = _sliced(flat, weight, bias, max(1, parts))
+            out = _sliced(flat, weight, bias, parts)
         else:
-            out = torch.cat([_sliced(c, weight, bias, max(1, parts)) for c in flat.split(chunk)])  # [rows, out]
+            out = torch.cat([_sliced(c, weight, bias, parts) for c in flat.split(chunk)])  # [rows, out]
     return out.view(*x.shape[:-1], weight.shape[0])
 
 

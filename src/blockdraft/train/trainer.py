@@ -23,6 +23,7 @@ import torch
 
 from ..checkpoints.publish import save_drafter
 from ..config import Taps
+from ..engine.engine import sized_engine
 from ..errors import RequestError
 from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
@@ -60,8 +61,6 @@ def teacher_responses(target: TargetModel, prompts: list[list[int]], new_tokens:
                       eos_ids: frozenset[int] = frozenset(), max_batch: int = 32,
                       progress: bool = False) -> list[list[int]]:
     """The target's greedy continuation of each prompt (stopping at `eos_ids`), by the batch engine."""
-    from ..engine.engine import sized_engine
-
     engine = sized_engine(target, None, max_batch, max(len(p) for p in prompts) + new_tokens, eos_ids)
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=not eos_ids)
     bar = None
@@ -114,8 +113,6 @@ def acceptance_lengths(target: TargetModel, drafter: BlockDrafter, prompts: list
                        max_batch: int = 8) -> list[list[int]]:
     """Greedy acceptance lengths per prompt at the drafter's full width, through the batch engine
     (no EOS stop, so every prompt decodes `new_tokens`)."""
-    from ..engine.engine import sized_engine
-
     engine = sized_engine(target, drafter, min(max_batch, len(prompts)),
                           max(len(p) for p in prompts) + new_tokens + 1, frozenset(), adaptive_speculation=False)
     return [o.acceptance_lengths for o in engine.generate(prompts, SamplingParams(max_tokens=new_tokens))]
