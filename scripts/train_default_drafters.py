@@ -40,11 +40,18 @@ CURVE_JSON = ROOT / "docs" / "drafter_curve.json"     # versioned: every publish
 EVAL_SETS, EVAL_PROMPTS, EVAL_TOKENS = ("chat", "humaneval", "math"), 6, 96
 
 
-def run_config(steps: int, lr: float = 1e-3) -> "TrainConfig":
+def run_config(steps: int, lr: float = 1e-3, first_draw: int = 0) -> "TrainConfig":
     from blockdraft.train.trainer import TrainConfig
 
     return TrainConfig(steps=steps, lr=lr, warmup=100, seqs_per_step=2, anchors_per_seq=48, seed=0,
-                       save_every=250, save_every_seconds=600)
+                       first_draw=first_draw, save_every=250, save_every_seconds=600)
+
+
+def next_draw(run: dict, local_steps: int) -> int:
+    """The first sequence index a run continuing this one draws (runs before `first_draw` existed
+    started at 0, so a continuation of one replayed its draws; this one does not)."""
+    cfg = run["config"]
+    return cfg.get("first_draw", 0) + local_steps * cfg["seqs_per_step"]
 
 
 def load_llm():
@@ -85,7 +92,9 @@ def shipped_drafters(llm):
         drafters[kind] = d
         info = json.loads((ASSETS / kind / "training.json").read_text())
         run = info["run"]
+        local = info["step"] - _prior(run)[0]
         prior = {"steps": info["step"], "seqs_per_step": run["config"]["seqs_per_step"],
+                 "next_draw": next_draw(run, local),
                  "tokens_seen": info["step"] * run["config"]["seqs_per_step"] * run["data"]["response_tokens"]
                  / run["data"]["conversations"], "vocab": run["vocab"], "hours": _hours(ASSETS / kind / "MODEL_CARD.md")}
     return drafters, prior
@@ -133,9 +142,9 @@ def cmd_train(args) -> None:
         if run["data"] != data_info:
             sys.exit(f"{CFG_FILE}: this run was started on other teacher data ({run['data']}); "
                      f"now {data_info}. Move {CACHE} away to start a new run.")
-        cfg = run_config(run["config"]["steps"], run["config"]["lr"])
+        cfg = run_config(run["config"]["steps"], run["config"]["lr"], run["config"].get("first_draw", 0))
     else:
-        cfg = run_config(args.steps, args.lr)
+        cfg = run_config(args.steps, args.lr, prior["next_draw"] if prior else 0)
         if prior is not None:  # the shipped vocabulary and weights carry over; the curve counts their tokens
             vocab = prior.pop("vocab")
         CFG_FILE.write_text(json.dumps({"config": asdict(cfg), "data": data_info, "vocab": vocab,
@@ -295,8 +304,10 @@ def cmd_publish(args) -> None:
     state = torch.load(CACHE / "state.pt", weights_only=False, map_location="cpu")
     cfg = run["config"]
     per_seq = run["data"]["response_tokens"] / run["data"]["conversations"]
+    first = cfg.get("first_draw", 0)
     continued = (f"; continued from the previous shipped drafters ({prior_steps} steps, "
-                 f"{prior_tokens / 1e3:.0f}K tokens seen)" if prior_steps else "")
+                 f"{prior_tokens / 1e3:.0f}K tokens seen), drawing from position {first} of the seeded sequence "
+                 f"order on, after the sequences those weights saw" if prior_steps else "")
     for kind in KINDS:
         out = ASSETS / kind
         shutil.rmtree(out, ignore_errors=True)

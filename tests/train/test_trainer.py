@@ -58,6 +58,17 @@ def test_resume_continues_the_same_run(target, tmp_path):
     assert [round(h["loss"], 5) for h in resumed] == [round(h["loss"], 5) for h in straight]
 
 
+def test_a_continued_run_draws_new_sequences():
+    from blockdraft.train.trainer import drawn_sequences
+
+    first = TrainConfig(steps=50, seqs_per_step=2)
+    seen = {i for step in range(first.steps) for i in drawn_sequences(1000, step, first)}
+    assert len(seen) == 100                                            # one epoch: no repeats
+    later = dataclasses.replace(first, first_draw=first.steps * first.seqs_per_step)
+    assert drawn_sequences(1000, 0, later) == drawn_sequences(1000, first.steps, first)
+    assert not seen & {i for step in range(50) for i in drawn_sequences(1000, step, later)}
+
+
 def test_dspark_loss_parts(target, drafters):
     drafter = drafters["dspark"]
     seq = teacher_data(target, PROMPTS[:1], 16, drafter.config.taps)[0]

@@ -39,6 +39,8 @@ class TrainConfig:
     seqs_per_step: int = 2
     anchors_per_seq: int = 8
     seed: int = 0
+    first_draw: int = 0               # index of the first sequence drawn: a run continued from trained
+                                      # weights starts after the draws they saw, so it meets new data
     save_every: int = 50              # checkpoint every N steps ...
     save_every_seconds: float = 600   # ... and at least this often (an interrupted run loses little)
     new_tokens: int = 64
@@ -150,6 +152,12 @@ def _taps_for(drafter: BlockDrafter, seq: TeacherSeq, joint: Taps, last_layer: i
     return torch.cat(parts, dim=-1)
 
 
+def drawn_sequences(n: int, step: int, cfg: TrainConfig) -> list[int]:
+    """Which of the n sequences step `step` trains on (from `cfg.first_draw` on in the seeded order)."""
+    first = cfg.first_draw + step * cfg.seqs_per_step
+    return [_sequence_order(n, first + j, cfg.seed) for j in range(cfg.seqs_per_step)]
+
+
 def _sequence_order(n: int, index: int, seed: int) -> int:
     """The `index`-th sequence drawn: epochs are seeded permutations, so a resumed run draws the same."""
     epoch, pos = divmod(index, n)
@@ -194,7 +202,7 @@ def fit_jointly(drafters: dict[str, BlockDrafter], data: list[TeacherSeq], cfg: 
         for p in drafter.parameters():
             p.requires_grad_(True)
         optims[name] = torch.optim.AdamW(list(drafter.parameters()), lr=cfg.lr, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed + cfg.first_draw)   # new anchors for a continued run too
     history: dict[str, list[dict]] = {name: [] for name in drafters}
     start, elapsed = 0, 0.0
     if state_path is not None and state_path.is_file():  # resume exactly where we stopped
@@ -218,8 +226,7 @@ def fit_jointly(drafters: dict[str, BlockDrafter], data: list[TeacherSeq], cfg: 
     t_saved = time.perf_counter()
     t_run = t_saved - elapsed
     for step in range(start, cfg.steps):
-        picked = [data[_sequence_order(len(data), step * cfg.seqs_per_step + j, cfg.seed)]
-                  for j in range(cfg.seqs_per_step)]
+        picked = [data[i] for i in drawn_sequences(len(data), step, cfg)]
         missing = [s for s in picked if s.taps is None]
         if missing:
             forced = iter(teacher_force(target, missing, joint))
