@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .views import ContextRead, causal_visibility
+from .views import KEY_BLOCK, ContextRead, causal_visibility
 
 
 class PagedKVPool:
@@ -29,12 +29,15 @@ class PagedKVPool:
         block = torch.gather(tables, 1, positions // self.page_size)
         return block * self.page_size + positions % self.page_size
 
-    def gather(self, layer: int, tables: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V at positions 0..length-1 of every row -> [b, hkv, length, d] each."""
+    def prefix_slots(self, tables: torch.Tensor, length: int) -> torch.Tensor:
+        """Flat slot ids of positions 0..length-1 of every row [b * length] (what `read` takes)."""
         b = tables.shape[0]
-        positions = torch.arange(length, device=tables.device).expand(b, length)
-        slots = self.slots(tables, positions)
-        return self.k[layer][slots].transpose(1, 2), self.v[layer][slots].transpose(1, 2)
+        return self.slots(tables, torch.arange(length, device=tables.device).expand(b, length)).view(-1)
+
+    def read(self, layer: int, slots: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V at `prefix_slots(tables, length)` -> [b, hkv, length, d] each."""
+        k, v = self.k[layer].index_select(0, slots), self.v[layer].index_select(0, slots)
+        return k.view(b, -1, *k.shape[1:]).transpose(1, 2), v.view(b, -1, *v.shape[1:]).transpose(1, 2)
 
 
 def pad_tables(tables: list[list[int]], device: torch.device | str = "cpu") -> torch.Tensor:
@@ -59,24 +62,29 @@ class PagedStep:
         starts_t = torch.tensor(starts, device=device)[:, None]
         self.positions = torch.where(self.valid, starts_t + offsets, torch.zeros_like(starts_t))   # pads: pos 0
         self.end = max(s + c for s, c in zip(starts, counts))
-        self.slots = pool.slots(tables, self.positions)
-        self.visible = None
-        if attend:
-            b = tables.shape[0]
-            k_pos = torch.arange(self.end, device=device).expand(b, self.end)
+        self.ragged = min(counts) != t
+        # made once per step, used by every layer: where the real rows go, and what attention reads
+        slots = pool.slots(tables, self.positions)                                             # [b, t]
+        self.write_slots = slots[self.valid] if self.ragged else slots.view(-1)                # [real rows]
+        self.visible = self.read_slots = None
+        if attend:   # keys 0..end-1, read up to a whole key block (the extra keys lie past every row: unseen)
+            b, width = tables.shape[0], -(-self.end // KEY_BLOCK) * KEY_BLOCK
+            k_pos = torch.arange(width, device=device).expand(b, width)
             self.visible = causal_visibility(self.positions, k_pos)   # pads see only position 0
+            slots = pool.prefix_slots(tables, self.end).view(b, self.end)
+            self.read_slots = torch.cat([slots, slots[:, :1].expand(b, width - self.end)], 1).view(-1)
 
     def kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the real rows of k/v [b, hkv, t, d]; return gathered K/V for positions 0..end-1."""
-        keep = self.valid
         if layer not in self.pool.k:
-            self.ring.write(layer, self.ring_rows, self.positions, keep, k, v)
+            self.ring.write(layer, self.ring_rows, self.positions, self.valid, k, v)
             return k, v
-        self.pool.k[layer][self.slots[keep]] = k.transpose(1, 2)[keep]
-        self.pool.v[layer][self.slots[keep]] = v.transpose(1, 2)[keep]
+        for pool, new in ((self.pool.k[layer], k), (self.pool.v[layer], v)):
+            rows = new.transpose(1, 2)                                                         # [b, t, hkv, d]
+            pool.index_copy_(0, self.write_slots, rows[self.valid] if self.ragged else rows.reshape(-1, *pool.shape[1:]))
         if self.visible is None:
             return k, v
-        return self.pool.gather(layer, self.tables, self.end)
+        return self.pool.read(layer, self.read_slots, self.tables.shape[0])
 
 
 def context_read(pool: PagedKVPool, tables: torch.Tensor, lengths: list[int], num_layers: int,
@@ -88,9 +96,10 @@ def context_read(pool: PagedKVPool, tables: torch.Tensor, lengths: list[int], nu
     positions = torch.arange(c, device=device).expand(b, c)
     valid = positions < torch.tensor(lengths, device=device)[:, None]
     keys, values, pos, val = [], [], [], []
+    slots = pool.prefix_slots(tables, c)
     for layer in range(num_layers):
         if layer in pool.k:
-            k, v = pool.gather(layer, tables, c)
+            k, v = pool.read(layer, slots, b)
             p, ok = positions, valid
         else:
             k, v, p, ok = ring.read(layer, ring_rows)

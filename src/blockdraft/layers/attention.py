@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from ..cache.views import KEY_BLOCK
+
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None,
            scale: float) -> torch.Tensor:
@@ -33,7 +35,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
     return out.transpose(1, 2).reshape(b, tq, h * d)
 
 
-KEY_BLOCK = 64
 QUERY_CHUNK = 128      # query rows per pass: bounds the float64 score tensor on long prefills
 
 

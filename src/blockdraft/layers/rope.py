@@ -80,18 +80,17 @@ class Rotary:
         self.inv_freq, self.scaling = inverse_frequencies(rope, head_dim)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions [batch, seq] -> cos, sin [batch, seq, head_dim]
+        """positions [batch, seq] -> cos, sin [batch, 1, seq, head_dim] (broadcast over heads), sin's
+        first half negated: what `apply_rope` takes."""
         freqs = positions.float()[..., None] * self.inv_freq.to(positions.device)[None, None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
-        return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        sin = emb.sin() * self.scaling
+        half = sin.shape[-1] // 2
+        signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+        return (emb.cos() * self.scaling).to(dtype)[:, None], signed.to(dtype)[:, None]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [batch, heads, seq, head_dim]; cos/sin [batch, seq, head_dim]."""
-    cos, sin = cos[:, None], sin[:, None]
-    return x * cos + rotate_half(x) * sin
+    """x [batch, heads, seq, head_dim]; cos/sin from `Rotary.cos_sin`. NeoX rotation
+    x·cos + [-x2, x1]·sin, computed as x·cos + [x2, x1]·[-sin1, sin2] (the same bits, fewer ops)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
