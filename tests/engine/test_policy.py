@@ -64,13 +64,27 @@ def test_batch_buckets_exploration_and_off_switch():
     _measure(policy, 8, cost_of=lambda w: 1.0 + w, accepted_of=lambda w: 0)
     assert policy.choose(16) == 4                           # another bucket: unexplored, widest first
     assert policy.bucket(5) == policy.bucket(8) == 8
-    picks = [policy.choose(8) for _ in range(8)]
-    assert picks.count(0) == 6 and set(picks) == {0, 1}    # best (0) except two steps at its neighbour
+    picks = [policy.choose(8) for _ in range(60)]
+    looks = [i for i, w in enumerate(picks) if w]
+    assert set(picks) == {0, 1} and len(looks) == 4          # best (0), but a look at its neighbour ...
+    gaps = [b - a for a, b in zip(looks, looks[1:])]
+    assert gaps == [8, 16, 32]             # ... ever rarer while plain decoding wins (at most 8 x explore_every)
     off = DraftWidthPolicy(4, enabled=False)
     off.record(1, 4, 100.0, [4], [0])
     assert off.widths == [4] and all(off.choose(1) == 4 for _ in range(5))
     with pytest.raises(ConfigError, match="num_speculative_tokens must be >= 0"):
         EngineConfig(num_speculative_tokens=-1)
+
+
+def test_exploration_backoff_resets_when_drafting_wins():
+    policy = DraftWidthPolicy(4, explore_every=4, max_backoff=4)
+    _measure(policy, 1, cost_of=lambda w: 1.0 + w, accepted_of=lambda w: 0)
+    for _ in range(40):
+        policy.record(1, 0, 1.0, [], []) if policy.choose(1) == 0 else None
+    assert policy.backoff[1] == 4                            # capped at max_backoff
+    policy.cost = {(1, w): 1.0 for w in policy.widths}       # drafting turns free and always accepted
+    policy.trials[1:], policy.hits[1:] = [100] * 4, [100] * 4
+    assert policy.choose(1) == 4 and policy.backoff[1] == 1
 
 
 def test_policy_never_changes_greedy_or_seeded_output(target, drafters):

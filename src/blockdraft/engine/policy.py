@@ -11,7 +11,10 @@ when its cost, interpolated between measured neighbours, says it could win (so a
 cannot pay costs two exploratory steps, not one per width). The best is then used with one
 exploratory step in `explore_every` at a width next to it (a neighbour costs little to try; a far
 one can cost 3x a step at batch 8), so a machine whose verify is cheap (AMX) drafts wide and one
-whose verify is dear (emulated bf16, large batches) drafts narrow or not at all.
+whose verify is dear (emulated bf16, large batches) drafts narrow or not at all. While plain
+decoding stays best the interval doubles at each look (up to `max_backoff` x), so a drafter that
+cannot pay here costs ever fewer exploratory steps (each one also writes the drafter context the
+plain steps deferred); it is reset as soon as drafting wins again.
 
 Only greedy sequences follow the policy: their output is the same at any width. Sampled
 sequences always draft the full (capped) width, so a seeded run consumes randomness the same
@@ -25,9 +28,9 @@ from collections import defaultdict
 
 class DraftWidthPolicy:
     def __init__(self, max_width: int, enabled: bool = True, explore_every: int = 32, smoothing: float = 0.25,
-                 margin: float = 1.05):
+                 margin: float = 1.05, max_backoff: int = 8):
         self.max_width, self.enabled, self.margin = max_width, enabled and max_width > 0, margin
-        self.explore_every, self.smoothing = explore_every, smoothing
+        self.explore_every, self.smoothing, self.max_backoff = explore_every, smoothing, max_backoff
         # every width up to 8 (the best one moves with the numerics: a 4-bit target's extra verify rows
         # cost ~17% of a step each, bf16-on-AMX rows ~2%), powers of two beyond
         self.widths = sorted({0, max_width} | set(range(1, min(max_width, 8) + 1))
@@ -36,6 +39,8 @@ class DraftWidthPolicy:
         self.trials = [0] * (max_width + 1)                   # sequence-steps that drafted >= i
         self.hits = [0] * (max_width + 1)                     # ... of which the first i were all accepted
         self.steps: defaultdict[int, int] = defaultdict(int)
+        self.next_look: defaultdict[int, int] = defaultdict(lambda: self.explore_every)   # bucket -> step of its next look
+        self.backoff: defaultdict[int, int] = defaultdict(lambda: 1)  # bucket -> interval / explore_every
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -77,7 +82,12 @@ class DraftWidthPolicy:
             return best
         if best and rate[best] < self.margin * rate[0]:
             best = 0      # drafting must win clearly: its context upkeep is not all in the step's time
-        if self.steps[b] % self.explore_every == 0:             # keep the neighbours' estimates fresh
+        if best:
+            self.backoff[b] = 1
+        if self.steps[b] >= self.next_look[b]:                  # keep the neighbours' estimates fresh
+            self.next_look[b] = self.steps[b] + self.explore_every * self.backoff[b]
+            if not best:
+                self.backoff[b] = min(2 * self.backoff[b], self.max_backoff)
             at = self.widths.index(best)
             near = self.widths[max(0, at - 1):at] + self.widths[at + 1:at + 2]
             return near[(self.steps[b] // self.explore_every) % len(near)]

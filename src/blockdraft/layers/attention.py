@@ -24,10 +24,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
            scale: float) -> torch.Tensor:
     """q [b, h, tq, d], k/v [b, hkv, tk, d] -> [b, tq, h*d]."""
     groups = int(q.shape[1]) // int(k.shape[1])                      # head counts are static
-    if torch.onnx.is_in_onnx_export() and groups > 1:                # the exporter lacks enable_gqa
+    exporting = torch.onnx.is_in_onnx_export()                        # (asked once: it costs ~6 us)
+    if exporting and groups > 1:                                      # the exporter lacks enable_gqa
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         groups = 1
-    if q.device.type == "cpu" and not torch.onnx.is_in_onnx_export():
+    if q.device.type == "cpu" and not exporting:
         out = _row_stable(q, k, v, visible, scale, groups)
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale, enable_gqa=groups > 1)
@@ -65,7 +66,9 @@ def _row_stable_chunk(q, k, v, visible, scale: float, groups: int) -> torch.Tens
         k, v = F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
     if visible is None:
         visible = torch.ones(1, 1, tq, tk, dtype=torch.bool, device=q.device)
-    hidden = ~F.pad(visible, (0, pad)).expand(b, 1, tq, tk + pad)[:, :, None]   # padding keys never visible
+    if pad:                                                                     # padding keys never visible
+        visible = F.pad(visible, (0, pad))
+    hidden = ~visible.expand(b, 1, tq, tk + pad)[:, :, None]
     scores = torch.matmul(q.reshape(b, hkv, groups * tq, d).double(), k.transpose(-1, -2).double())
     scores = scores.float().view(b, hkv, groups, tq, tk + pad)                  # [b, hkv, g, tq, TK]
     if torch.is_grad_enabled():                                                 # training: keep autograd's inputs

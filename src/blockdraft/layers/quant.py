@@ -100,7 +100,11 @@ class QuantizedLinear(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()                     # [rows, in]
+        flat = x.reshape(-1, x.shape[-1])                                                    # [rows, in]
+        if flat.dtype != torch.bfloat16:
+            flat = flat.to(torch.bfloat16)
+        if not flat.is_contiguous():
+            flat = flat.contiguous()
         out = self._mm(flat)
         if self.bias is not None:
             out = out + self.bias
