@@ -26,18 +26,31 @@ ROW_CHUNK = 16                                   # the most rows one call takes
 _slices: dict[tuple[int, int, int], int] = {}    # (out, in, threads) -> reduction slices (0: row by row)
 
 
-def _weight_slices(weight: torch.Tensor, parts: int) -> list[torch.Tensor]:
-    """Contiguous column slices of a frozen weight, cached on it (remade if it is written in place)."""
+def _cached_on(weight: torch.Tensor, name: str, extra, make):
+    """`make(weight)` for a frozen weight, cached on it under `name` (remade if it is written in place)."""
     try:
         version = weight._version
     except RuntimeError:        # an inference tensor: no version counter
         version = None
-    key = (version, weight.data_ptr(), parts)
-    cached = getattr(weight, "_reduction_slices", None)
+    key = (version, weight.data_ptr(), extra)
+    cached = getattr(weight, name, None)
     if cached is None or cached[0] != key:
-        cached = (key, [w.contiguous() for w in weight.detach().chunk(parts, dim=1)])
-        weight._reduction_slices = cached
+        cached = (key, make(weight.detach()))
+        setattr(weight, name, cached)
     return cached[1]
+
+
+def _weight_slices(weight: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    """Contiguous column slices of a frozen weight, cached on it."""
+    return _cached_on(weight, "_reduction_slices", parts, lambda w: [c.contiguous() for c in w.chunk(parts, dim=1)])
+
+
+def fp32_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight.float()`, cached for a frozen weight (the DSpark Markov W2 was converted once per slot:
+    8 x 12288 x 64 per drafting step); a weight being trained converts each call (autograd)."""
+    if weight.dtype == torch.float32 or (weight.requires_grad and torch.is_grad_enabled()):
+        return weight.float()
+    return _cached_on(weight, "_fp32", None, lambda w: w.float())
 
 
 def _sliced(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, parts: int) -> torch.Tensor:

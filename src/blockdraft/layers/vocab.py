@@ -41,7 +41,7 @@ class FullVocab:
 
     def rows(self, weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Rows of a [V, r] weight at ids [..] -> [.., r] fp32 (a shard gives zeros for ids it lacks)."""
-        return weight.float()[ids]
+        return weight[ids].float()
 
     def reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of per-rank partial results (one process: x itself)."""

@@ -19,7 +19,7 @@ from ..config import DrafterConfig
 from ..errors import ConfigError
 from ..cache.views import causal_visibility
 from ..layers.attention import attend
-from ..layers.linear import StableLinear
+from ..layers.linear import StableLinear, fp32_weight
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary, apply_rope
 from ..layers.vocab import FULL
@@ -147,7 +147,7 @@ class MarkovHead(nn.Module):
 
     def forward(self, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         embed = self.markov_w1(prev)
-        return F.linear(embed.float(), self.markov_w2.weight.float()), embed
+        return F.linear(embed.float(), fp32_weight(self.markov_w2.weight)), embed
 
 
 class ConfidenceHead(nn.Module):
@@ -159,7 +159,7 @@ class ConfidenceHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor, markov_embed: torch.Tensor | None) -> torch.Tensor:
         x = hidden if markov_embed is None else torch.cat([hidden, markov_embed.to(hidden.dtype)], dim=-1)
-        return F.linear(x.float(), self.proj.weight.float(),
+        return F.linear(x.float(), fp32_weight(self.proj.weight),
                         None if self.proj.bias is None else self.proj.bias.float())[..., 0]
 
 

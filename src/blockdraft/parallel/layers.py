@@ -144,7 +144,7 @@ class ShardedVocab:
 
     def rows(self, weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         local, mine = self._local(ids)
-        return weight.float()[local] * mine[..., None]
+        return weight[local].float() * mine[..., None]
 
     def reduce(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(x)

@@ -19,6 +19,7 @@ from torch.nn import functional as F
 
 from ..config import DrafterConfig, TargetConfig
 from ..errors import ConfigError
+from ..layers.linear import fp32_weight
 from ..models.drafter import BlockDrafter, MarkovHead
 from ..models.target import TargetModel
 from .layers import (ColumnParallelLinear, RowParallelLinear, ShardedVocab, TPGroup, VocabParallelEmbedding,
@@ -55,7 +56,7 @@ class ShardedMarkovHead(nn.Module):
 
     def forward(self, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         embed = self.markov_w1(prev)
-        return F.linear(embed.float(), self.markov_w2.weight.float()), embed          # [.., V/tp] local shard
+        return F.linear(embed.float(), fp32_weight(self.markov_w2.weight)), embed          # [.., V/tp] local shard
 
 
 def _shard_attention(attn: nn.Module, tp: TPGroup) -> None:

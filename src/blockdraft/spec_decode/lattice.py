@@ -18,6 +18,7 @@ from torch.nn import functional as F
 from ..models.drafter import CandidateSelector, MarkovHead
 from ..sampling.params import SamplingParams
 from ..sampling.probs import sample_from
+from ..layers.linear import fp32_weight
 from ..layers.vocab import topk_lowest_id
 
 
@@ -85,9 +86,9 @@ def dflash2_lattice(logits: torch.Tensor, hidden: torch.Tensor, anchor: torch.Te
     unary, cand = topk_lowest_id(logits.float(), selector.top_k)
     if to_target is not None:
         cand = to_target(cand)
-    proj = F.linear(hidden.float(), selector.hidden_projection.weight.float())   # [b, n, r]
-    pred_embed = selector.predecessor_codebook.weight.float()[_predecessors(anchor, cand)] * proj[:, :, None]
-    succ = selector.successor_codebook.weight.float()[cand]
+    proj = F.linear(hidden.float(), fp32_weight(selector.hidden_projection.weight))   # [b, n, r]
+    pred_embed = selector.predecessor_codebook.weight[_predecessors(anchor, cand)].float() * proj[:, :, None]
+    succ = selector.successor_codebook.weight[cand].float()
     edges = torch.einsum("bipr,bijr->bipj", pred_embed, succ)
     return Lattice(cand, unary[:, :, None, :] + edges)
 
