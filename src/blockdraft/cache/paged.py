@@ -75,13 +75,15 @@ class PagedStep:
             self.read_slots = torch.cat([slots, slots[:, :1].expand(b, width - self.end)], 1).view(-1)
 
     def kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the real rows of k/v [b, hkv, t, d]; return gathered K/V for positions 0..end-1."""
+        """Write the real rows of k/v [b, hkv, t, d]; return the K/V attention reads: positions
+        0..end-1 and up to a whole key block past them (never visible)."""
         if layer not in self.pool.k:
             self.ring.write(layer, self.ring_rows, self.positions, self.valid, k, v)
             return k, v
         for pool, new in ((self.pool.k[layer], k), (self.pool.v[layer], v)):
             rows = new.transpose(1, 2)                                                         # [b, t, hkv, d]
-            pool.index_copy_(0, self.write_slots, rows[self.valid] if self.ragged else rows.reshape(-1, *pool.shape[1:]))
+            real = rows[self.valid] if self.ragged else rows.reshape(-1, *pool.shape[1:])     # [real rows, hkv, d]
+            pool.index_copy_(0, self.write_slots, real)
         if self.visible is None:
             return k, v
         return self.pool.read(layer, self.read_slots, self.tables.shape[0])

@@ -13,8 +13,9 @@ int4 uses the Q4_1 grid (per 32 weights: w = d·q + m, q in 0..15) — the forma
 model ships in as a GGUF — so re-quantizing its dequantized weights finds the same levels.
 The LM head keeps 8 bits in groups of 32 (`int8_g32`: the GGUF's Q8_0 layout, w = d·q, q in
 -127..127), multiplied as two 4-bit halves, q = 16·hi + lo, each through the int4 kernel: on one
-row that reads fewer bytes per second's work than the per-channel int8 kernel (3.9 vs 5.4 ms for
-SmolLM2's 49152 x 576 head, equal at 9 rows) and errs 4x less (a scale per 32 weights, not per row).
+row that is faster than the per-channel int8 kernel (3.9 vs 5.4 ms for SmolLM2's 49152 x 576 head,
+equal at 9 rows) and errs 4x less (a scale per 32 weights, not per row); a head whose width is not
+a multiple of 32 stays per-channel int8.
 The kernels keep scales and zero points in bf16: re-quantizing from the GGUF's own fp16 d and m
 instead measured no closer to the GGUF model (the bf16 scale, not the zero point, dominates).
 """
@@ -140,6 +141,7 @@ def quantize_target(model: nn.Module, scheme: str) -> nn.Module:
         mlp.down_proj = QuantizedLinear(mlp.down_proj.weight, mlp.down_proj.bias, scheme)
     # the LM head stays at 8 bits, in groups of 32: the precision 4-bit GGUFs keep it at (the default
     # model's tied embedding / head is Q8_0)
-    model.lm_head = QuantizedLinear(model.lm_head.weight, None, "int8_g32")
+    head = "int8_g32" if model.lm_head.weight.shape[1] % INT4_GROUP == 0 else "int8"
+    model.lm_head = QuantizedLinear(model.lm_head.weight, None, head)
     model.quantization = scheme
     return model
