@@ -71,12 +71,12 @@ def teacher_sequences():
     return seqs, {"shards": len(manifest["shards"]), "conversations": len(seqs), "response_tokens": tokens}
 
 
-def new_drafters(llm, seqs, eos_ids):
+def new_drafters(llm, seqs, eos_ids, layers=LAYERS):
     from blockdraft.train.vocab import choose_draft_vocab, token_counts
 
     responses = [s.ids[s.response_start:].tolist() for s in seqs]
     vocab = choose_draft_vocab(token_counts(responses, llm.target.config.vocab_size), DRAFT_VOCAB, always=eos_ids)
-    return {kind: new_drafter_from_ids(llm, kind, vocab.ids) for kind in KINDS}, vocab.summary()
+    return {kind: new_drafter_from_ids(llm, kind, vocab.ids, layers) for kind in KINDS}, vocab.summary()
 
 
 def shipped_drafters(llm):
@@ -87,7 +87,7 @@ def shipped_drafters(llm):
     for kind in KINDS:
         shipped = load_drafter(ASSETS / kind, llm.target)
         ids = shipped.to_target(torch.arange(shipped.config.draft_vocab_size))
-        d = new_drafter_from_ids(llm, kind, ids)
+        d = new_drafter_from_ids(llm, kind, ids, shipped.config.num_layers)
         d.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in shipped.state_dict().items()})
         drafters[kind] = d
         info = json.loads((ASSETS / kind / "training.json").read_text())
@@ -113,10 +113,10 @@ def _prior(run: dict) -> tuple[int, float]:
     return prior.get("steps", 0), prior.get("tokens_seen", 0.0)
 
 
-def new_drafter_from_ids(llm, kind, ids):
+def new_drafter_from_ids(llm, kind, ids, layers=LAYERS):
     from blockdraft.checkpoints.publish import new_drafter
 
-    return new_drafter(llm.target, kind, LAYERS, BLOCK, TAPS, MASK_ID, markov_rank=MARKOV_RANK,
+    return new_drafter(llm.target, kind, layers, BLOCK, TAPS, MASK_ID, markov_rank=MARKOV_RANK,
                        draft_vocab=ids).float()
 
 
@@ -136,8 +136,13 @@ def cmd_train(args) -> None:
                      f"ones changed since; move {CACHE} away to start a new run.")
     elif run is None and args.continue_shipped:
         drafters, prior = shipped_drafters(llm)
-    else:
-        drafters, vocab = new_drafters(llm, seqs, sorted(llm._eos_ids()))
+        shipped_layers = drafters["dspark"].config.num_layers
+        if args.layers not in (None, shipped_layers):
+            sys.exit(f"--layers {args.layers} with --continue-shipped: the shipped drafters have {shipped_layers} "
+                     "layers; drop --continue-shipped to train new ones")
+    else:      # a new run, or a resumed one (its own depth; the state then loads over these weights)
+        layers = run.get("layers", LAYERS) if run is not None else args.layers or LAYERS
+        drafters, vocab = new_drafters(llm, seqs, sorted(llm._eos_ids()), layers)
     if run is not None:           # a resumed run keeps its step budget and data
         if run["data"] != data_info:
             sys.exit(f"{CFG_FILE}: this run was started on other teacher data ({run['data']}); "
@@ -148,7 +153,7 @@ def cmd_train(args) -> None:
         if prior is not None:  # the shipped vocabulary and weights carry over; the curve counts their tokens
             vocab = prior.pop("vocab")
         CFG_FILE.write_text(json.dumps({"config": asdict(cfg), "data": data_info, "vocab": vocab,
-                                        "prior": prior,
+                                        "prior": prior, "layers": drafters["dspark"].config.num_layers,
                                         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                                         "threads": args.threads, "cpu": _cpu()}, indent=1))
 
@@ -322,7 +327,7 @@ def cmd_publish(args) -> None:
                          for name, v in evals.items())
         (out / "MODEL_CARD.md").write_text(CARD.format(
             title={"dflash": "DFlash (z-lab layout)", "dspark": "DSpark (DeepSeek DeepSpec layout)"}[kind],
-            mb=(out / "model.safetensors").stat().st_size / 2 ** 20, layers=LAYERS, block=BLOCK, taps=list(TAPS),
+            mb=(out / "model.safetensors").stat().st_size / 2 ** 20, layers=run.get("layers", LAYERS), block=BLOCK, taps=list(TAPS),
             tap_point="layer_output" if kind == "dspark" else "hidden_states", mask=MASK_ID,
             extra=f", Markov rank {MARKOV_RANK}, confidence head" if kind == "dspark" else "",
             vocab=run["vocab"]["draft_vocab_size"], coverage=run["vocab"]["coverage"], **run["data"],
@@ -343,6 +348,8 @@ def main() -> None:
     ap.add_argument("--hours", type=float, default=0, help="stop at the first checkpoint after this many hours")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of a new run")
+    ap.add_argument("--layers", type=int, default=None,
+                    help=f"drafter depth of a new run (default {LAYERS}; the depth lever: compare AL per cost)")
     ap.add_argument("--continue-shipped", action="store_true",
                     help="train: a new run starts from the shipped drafters (their vocabulary and weights)")
     ap.add_argument("--last", type=int, default=0, help="eval: only the last N snapshots")
