@@ -57,32 +57,28 @@ class QuantizedLinear(nn.Module):
             scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)                              # [out]
             self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
             self.register_buffer("scales", scale.to(torch.bfloat16))
-        elif scheme == "int4":
+        elif scheme in ("int4", "int8_g32"):
             if in_features % INT4_GROUP:
-                raise ConfigError(f"quantization=int4 needs in_features divisible by {INT4_GROUP}, got {in_features}")
-            groups = w.view(out_features, in_features // INT4_GROUP, INT4_GROUP)
-            low, high = groups.amin(-1), groups.amax(-1)                                      # [out, in/32]
-            scale = ((high - low) / 15).clamp_min(1e-12)
-            q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
-            self.register_buffer("qweight", torch._convert_weight_to_int4pack_for_cpu(q.view(out_features, -1), 1))
-            # the kernel computes (q - 8) · scale + zero, so zero = low + 8 · scale
-            zeros = low + 8 * scale
-            self.register_buffer("scales", _scales_and_zeros(scale, zeros))
-        elif scheme == "int8_g32":
-            if in_features % INT4_GROUP:
-                raise ConfigError(f"8-bit groups of {INT4_GROUP} need in_features divisible by it, got {in_features}")
-            groups = w.view(out_features, in_features // INT4_GROUP, INT4_GROUP)
-            scale = (groups.abs().amax(-1) / 127).clamp_min(1e-12).to(torch.bfloat16).float()   # [out, in/32]
-            q = torch.round(groups / scale[..., None]).clamp(-127, 127).to(torch.int32)
-            hi = torch.div(q, 16, rounding_mode="floor")                                      # -8..7
-            lo = q - 16 * hi                                                                  # 0..15
-            self.register_buffer("qweight", torch._convert_weight_to_int4pack_for_cpu((hi + 8).view(out_features, -1), 1))
-            self.register_buffer("qweight_lo", torch._convert_weight_to_int4pack_for_cpu(lo.view(out_features, -1), 1))
-            # (hi + 8 - 8) · 16d + 0 and (lo - 8) · d + 8d: both exact multiples of the bf16 scale
-            self.register_buffer("scales", _scales_and_zeros(16 * scale, torch.zeros_like(scale)))
-            self.register_buffer("scales_lo", _scales_and_zeros(scale, 8 * scale))
+                raise ConfigError(f"quantization={scheme} needs in_features divisible by {INT4_GROUP}, got {in_features}")
+            groups = w.view(out_features, in_features // INT4_GROUP, INT4_GROUP)              # [out, in/32, 32]
+            if scheme == "int4":
+                low, high = groups.amin(-1), groups.amax(-1)                                  # [out, in/32]
+                scale = ((high - low) / 15).clamp_min(1e-12)
+                q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+                self.register_buffer("qweight", _pack_int4(q))
+                # the kernel computes (q - 8) · scale + zero, so zero = low + 8 · scale
+                self.register_buffer("scales", _scales_and_zeros(scale, low + 8 * scale))
+            else:
+                scale = (groups.abs().amax(-1) / 127).clamp_min(1e-12).to(torch.bfloat16).float()   # [out, in/32]
+                q = torch.round(groups / scale[..., None]).clamp(-127, 127).to(torch.int32)
+                hi = torch.div(q, 16, rounding_mode="floor")                                  # -8..7
+                self.register_buffer("qweight", _pack_int4(hi + 8))
+                self.register_buffer("qweight_lo", _pack_int4(q - 16 * hi))                   # 0..15
+                # (hi + 8 - 8) · 16d + 0 and (lo - 8) · d + 8d: both exact multiples of the bf16 scale
+                self.register_buffer("scales", _scales_and_zeros(16 * scale, torch.zeros_like(scale)))
+                self.register_buffer("scales_lo", _scales_and_zeros(scale, 8 * scale))
         else:
-            raise ConfigError(f"QuantizedLinear scheme {scheme!r} (choose int8 or int4)")
+            raise ConfigError(f"QuantizedLinear scheme {scheme!r} (choose int8, int4 or int8_g32)")
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
 
     @property
@@ -110,6 +106,11 @@ class QuantizedLinear(nn.Module):
         if self.bias is not None:
             out = out + self.bias
         return out.view(*x.shape[:-1], self.out_features)
+
+
+def _pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """[out, in/32, 32] values 0..15 -> the int4 kernel's packed weight."""
+    return torch._convert_weight_to_int4pack_for_cpu(q.reshape(q.shape[0], -1), 1)
 
 
 def _scales_and_zeros(scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
