@@ -22,28 +22,60 @@ from conftest import ASSETS, random_prompts
 
 TARGET = ASSETS / "target-qwen3"
 PROMPTS = random_prompts(4, seed=61)
-# (fixture, sliding) — sliding variants rewrite the config: layer 0 sliding (window 4), layer 1 full
-CASES = [("dspark", False), ("dspark", True), ("dflash2", True)]     # a full-attention dflash2 is refused
+# (fixture, layers): "sliding" = every layer slides (window 4: og.Engine keeps a ring), "mixed" = layer 0
+# slides and layer 1 is full (a full pool; the graph masks layer 0 by its window). A dflash2 drafter
+# exports only when every layer slides (the 0.18 runtime gives DFlash2 one ring).
+CASES = [("dspark", "full"), ("dspark", "sliding"), ("dspark", "mixed"), ("dflash2", "sliding"),
+         ("dspark-last", "full")]
 
 
-def _drafter_dir(tmp_path_factory, name: str, sliding: bool):
-    if not sliding:
+def _drafter_dir(tmp_path_factory, name: str, layers: str):
+    if layers == "full":
         return ASSETS / name
-    dst = tmp_path_factory.mktemp(f"{name}-sliding")
+    dst = tmp_path_factory.mktemp(f"{name}-{layers}")
     shutil.copytree(ASSETS / name, dst, dirs_exist_ok=True)
     cfg = json.loads((dst / "config.json").read_text())
-    cfg.update(layer_types=["sliding_attention", "full_attention"], sliding_window=4, use_sliding_window=True)
+    types = ["sliding_attention"] * cfg["num_hidden_layers"] if layers == "sliding" else \
+        ["sliding_attention", "full_attention"]
+    cfg.update(layer_types=types, sliding_window=4, use_sliding_window=True)
     (dst / "config.json").write_text(json.dumps(cfg))
     return dst
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda c: c[0] + ("-sliding" if c[1] else ""))
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
 def exported(request, tmp_path_factory):
-    name, sliding = request.param
-    drafter_dir = _drafter_dir(tmp_path_factory, name, sliding)
+    name, layers = request.param
+    drafter_dir = _drafter_dir(tmp_path_factory, name, layers)
     out = export_onnx(TARGET, drafter_dir, tmp_path_factory.mktemp("export") / "out", "fp32")
     target = load_target(TARGET, "float32")
     return out, TorchLatticeBackend(target, load_drafter(drafter_dir, target)), target
+
+
+def og_engine_generate(folder, prompts: list[list[int]], max_new: int) -> tuple[list[list[int]], dict]:
+    """All prompts at once through ONNX Runtime GenAI 0.18's own og.Engine on the CPU provider (greedy):
+    the tokens per prompt and `get_speculative_stats()`."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    config = og.Config(str(folder))
+    config.clear_providers()                                  # the CPU execution provider
+    engine = og.Engine(og.Model(config))
+    requests = []
+    for prompt in prompts:
+        request = engine.create_request()
+        options = og.TurnOptions(request)
+        options.set_max_generated_tokens(max_new)
+        options.set_do_sample(False)
+        request.begin_turn(np.array(prompt, dtype=np.int32), options)
+        requests.append(request)
+    tokens = {id(r): [] for r in requests}
+    events = engine.create_event_buffer(1024)
+    while engine.has_pending_requests():
+        for event in engine.run(events):
+            assert int(event.error_code) == 0, event.error_code
+            if int(event.flags) & int(og.EngineEventFlags.TOKEN):
+                tokens[id(event.request)].append(int(event.token))
+    return [tokens[id(r)] for r in requests], engine.get_speculative_stats()
 
 
 def test_lattice_outputs_match_torch(exported):
@@ -59,7 +91,7 @@ def test_lattice_outputs_match_torch(exported):
     lat_o = ort_backend.draft(taps_o, 0, block)
     lat_t = torch_backend.draft(taps_t, 0, block)
     n, k = torch_backend.num_draft_tokens, torch_backend.top_k
-    assert lat_o.candidate_ids.dtype == torch.int64 and tuple(lat_o.candidate_ids.shape) == (1, n, k)
+    assert tuple(lat_o.candidate_ids.shape) == (1, n, k)         # the graph's int32, widened by the backend
     assert lat_o.scores.dtype == torch.float32 and tuple(lat_o.scores.shape) == (1, n, k, k)
     assert torch.equal(lat_o.candidate_ids[..., 0], lat_t.candidate_ids[..., 0])        # top-1 identical
     assert torch.equal(lat_o.candidate_ids, lat_t.candidate_ids)
@@ -68,8 +100,10 @@ def test_lattice_outputs_match_torch(exported):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_end_to_end_tokens_and_acceptance_equal_torch(exported, temperature):
+    """Pools start as NaN: the graphs must never let an unwritten page through (og.Engine does not
+    clear its pages, and a NaN key times a zero attention weight is still NaN)."""
     out, torch_backend, _ = exported
-    ort_backend = OnnxBackend(out)
+    ort_backend = OnnxBackend(out, pool_fill=float("nan"))
     stop = StopCriteria(eos_ids=frozenset({127}))
     for i, prompt in enumerate(PROMPTS):
         params = SamplingParams(max_tokens=40, temperature=temperature, seed=i)
@@ -78,6 +112,34 @@ def test_end_to_end_tokens_and_acceptance_equal_torch(exported, temperature):
         assert a.token_ids == b.token_ids and a.acceptance_lengths == b.acceptance_lengths
         if temperature == 0:
             assert a.token_ids == generate_one(torch_backend.target, prompt, params, None, stop).token_ids
+
+
+def test_og_engine_runs_the_export_on_cpu(exported):
+    """ONNX Runtime GenAI 0.18's own Engine loads the export on the CPU provider and decodes all prompts
+    batched: greedy tokens equal blockdraft's plain decoding, and its speculative counters equal
+    blockdraft's onnxruntime backend on the same export — the same drafts accepted; og counts a round
+    only where it drafts, and it does not draft when one token is left (min(n, room - 1) drafts),
+    where blockdraft's loop drafts one and verifies it."""
+    out, torch_backend, target = exported
+    max_new = 40
+    stop = StopCriteria(eos_ids=frozenset({127}))
+    tokens, stats = og_engine_generate(out, PROMPTS, max_new)
+    ours = OnnxBackend(out)
+    accepted = rounds = 0
+    for prompt, got in zip(PROMPTS, tokens):
+        params = SamplingParams(max_tokens=max_new)
+        assert got == generate_one(target, prompt, params, None, stop).token_ids
+        gen = lattice_generate(ours, prompt, params, stop)
+        assert gen.token_ids == got
+        room = max_new - 1                                   # after the prefill's token
+        for produced in gen.acceptance_lengths:
+            if room > 1:
+                rounds += 1
+                accepted += produced - 1
+            room -= produced
+    assert stats["draft_forward_passes"] > 0 and stats["draft_tokens_proposed"] > 0
+    assert stats["draft_tokens_accepted"] == accepted and stats["rounds"] == rounds
+    assert stats["dflash2_failures"] == 0 and stats["dflash2_admission_misses"] == 0
 
 
 def test_full_vocab_lattice_equals_the_markov_chain_path(tmp_path):
@@ -127,6 +189,8 @@ def test_default_k_follows_the_chain_when_the_markov_bias_dominates(tmp_path):
 
 
 def test_shared_initializers_are_stored_once(exported):
+    """The target's embedding and LM head are stored once (shared_weights.bin) and both graphs point
+    there; the config lists no `shared_initializers`, which og.Engine 0.18 cannot load on CPU."""
     out, torch_backend, _ = exported
     cfg = torch_backend.drafter.config
     runtime = json.loads((out / "genai_config.json").read_text())
@@ -135,26 +199,20 @@ def test_shared_initializers_are_stored_once(exported):
     reused = (not cfg.own_embed_tokens) + (not cfg.own_lm_head)   # the tiny DSpark ships its own copies
     shared_bytes = reused * 128 * 64 * 4                          # tiny target: untied [128, 64] embedding and head
     assert (out / "shared_weights.bin").stat().st_size == shared_bytes
-    for section in (runtime["model"]["decoder"], runtime["model"][kinds[0]]):   # ORT-GenAI's entry layout
-        entries = section["shared_initializers"]
-        assert len(entries) == reused
-        assert all(e["data_file"] == "shared_weights.bin" and int(e["length"]) == 128 * 64 * 4 and e["shape"]
-                   for e in entries)
-    for graph in ("target.onnx", "drafter.onnx"):
+    assert all("shared_initializers" not in runtime["model"][k] for k in ("decoder", kinds[0]))
+    for graph in ("model.onnx", f"{kinds[0]}.onnx"):
         model = onnx.load(str(out / graph), load_external_data=False)
         locations = {e.value for i in model.graph.initializer for e in i.external_data if e.key == "location"}
         assert ("shared_weights.bin" in locations) == (reused > 0), graph
 
 
 def _corrupt(out, tmp_path, edit):
-    """`edit(genai_config, blockdraft_json)` on a copy of the export."""
+    """`edit(genai_config)` on a copy of the export."""
     bad = tmp_path / "bad"
     shutil.copytree(out, bad)
     runtime = json.loads((bad / "genai_config.json").read_text())
-    side = json.loads((bad / "blockdraft.json").read_text())
-    edit(runtime, side)
+    edit(runtime)
     (bad / "genai_config.json").write_text(json.dumps(runtime))
-    (bad / "blockdraft.json").write_text(json.dumps(side))
     return bad
 
 
@@ -163,17 +221,17 @@ def _section(r):
 
 
 @pytest.mark.parametrize("edit,message", [
-    (lambda r, b: r["model"].update(dflash2=dict(_section(r)), dspark=dict(_section(r))), "both model.dflash2 and"),
-    (lambda r, b: _section(r).update(selector_top_k=_section(r)["selector_top_k"] + 1), "axis 2 is"),
-    (lambda r, b: _section(r).update(head_size=7), "axis 3 is 16, genai_config.json declares 7"),
-    (lambda r, b: b["drafter_cache"].update(dtype="bfloat16"), "declares bfloat16"),
-    (lambda r, b: b.update(dtype="float16"), "blockdraft.json: dtype must be float32 or bfloat16"),
-    (lambda r, b: _section(r)["outputs"].update(scores="lattice_scores"), "'lattice_scores' named in genai_config"),
-    (lambda r, b: _section(r).update(num_draft_tokens=_section(r)["block_size"] + 3), "num_draft_tokens="),
-    (lambda r, b: _section(r).update(filename="missing.onnx"), "missing file:"),
-    (lambda r, b: r["model"].pop("decoder"), "model.decoder (the target graph) is missing"),
-    (lambda r, b: r["model"]["decoder"].pop("head_size"), "field 'head_size' is missing"),
-    (lambda r, b: b.pop("target_layer_ids"), "blockdraft.json.target_layer_ids is missing"),
+    (lambda r: r["model"].update(dflash2=dict(_section(r)), dspark=dict(_section(r))), "both model.dflash2 and"),
+    (lambda r: _section(r).update(selector_top_k=_section(r)["selector_top_k"] + 1), "axis 2 is"),
+    (lambda r: _section(r).update(head_size=7), "axis 3 is 16, genai_config.json declares 7"),
+    (lambda r: r["engine"]["dynamic_batching"].update(block_size=16), "axis 1 is 32, genai_config.json declares 16"),
+    (lambda r: _section(r)["outputs"].update(scores="lattice_scores"), "'lattice_scores' named in genai_config"),
+    (lambda r: _section(r)["inputs"].update(qkv_row_map="rows"), "'rows' named in genai_config"),
+    (lambda r: _section(r).update(num_draft_tokens=_section(r)["block_size"] + 3), "num_draft_tokens="),
+    (lambda r: _section(r).update(filename="missing.onnx"), "missing file:"),
+    (lambda r: r["model"].pop("decoder"), "model.decoder (the target graph) is missing"),
+    (lambda r: r["model"]["decoder"].pop("head_size"), "field 'head_size' is missing"),
+    (lambda r: r.pop("engine"), "genai_config.json: engine is missing"),
 ])
 def test_corrupted_runtime_json_is_refused_by_name(exported, tmp_path, edit, message):
     with pytest.raises(ConfigError) as err:
@@ -186,7 +244,9 @@ def test_export_refuses_what_the_contract_cannot_hold(tmp_path, tmp_path_factory
         export_onnx(TARGET, ASSETS / "dflash", tmp_path / "a")
     with pytest.raises(ConfigError, match=r"sliding_window > 0"):
         export_onnx(TARGET, ASSETS / "dflash2", tmp_path / "b")        # full attention: 0.18 refuses it
-    sliding = _drafter_dir(tmp_path_factory, "dflash2", True)
+    with pytest.raises(ConfigError, match=r"layer windows are \[4, None\]"):
+        export_onnx(TARGET, _drafter_dir(tmp_path_factory, "dflash2", "mixed"), tmp_path / "b")
+    sliding = _drafter_dir(tmp_path_factory, "dflash2", "sliding")
     with pytest.raises(ConfigError, match="selector_top_k=4"):
         export_onnx(TARGET, sliding, tmp_path / "b", top_k=6)
     with pytest.raises(BlockdraftError, match="missing file"):
@@ -216,10 +276,9 @@ def test_bf16_export_stores_bf16_weights_and_agrees(tmp_path):
     tiny fixtures are bf16 checkpoints, so rounding loses nothing: outputs must equal the fp32 export."""
     bf16 = export_onnx(TARGET, ASSETS / "dspark", tmp_path / "bf16", "bf16")
     fp32 = export_onnx(TARGET, ASSETS / "dspark", tmp_path / "fp32", "fp32")
-    assert json.loads((bf16 / "blockdraft.json").read_text())["weights_dtype"] == "bfloat16"
-    model = onnx.load(str(bf16 / "target.onnx"), load_external_data=False)
+    model = onnx.load(str(bf16 / "model.onnx"), load_external_data=False)
     assert any(i.data_type == onnx.TensorProto.BFLOAT16 for i in model.graph.initializer)
-    for name in ("target.onnx.data", "drafter.onnx.data"):
+    for name in ("model.onnx.data", "dspark.onnx.data"):
         assert (bf16 / name).stat().st_size < 0.6 * (fp32 / name).stat().st_size     # small tensors stay fp32
     a, b = OnnxBackend(bf16), OnnxBackend(fp32)
     for prompt in PROMPTS[:2]:

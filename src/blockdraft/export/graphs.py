@@ -1,16 +1,17 @@
-"""The two graphs an export holds, as torch modules over blockdraft's own layers.
+"""The two graphs an export holds, in ONNX Runtime GenAI 0.18's paged I/O contract
+(`docs/ortgenai_contract.md`), as torch modules over blockdraft's own layers.
 
-TargetGraph: input_ids, position_ids [b, t] + past K/V per layer -> logits [b, t, V], the
-drafter's packed taps [b, t, F] (`hidden_states`, auxiliary output) and present K/V
-(past ‖ new; the host keeps the committed prefix).
+TargetGraph: packed `input_ids [T]` + sequence metadata + paged K/V pools -> `logits [T, V]`,
+the drafter's packed taps `aux_hidden_states [T, F]` and the pools with the new rows written.
 
-DrafterGraph: the new committed context rows' raw taps [b, t, F] with their positions, the
-block ids [b, B] (anchor, mask, ...) + past drafter K/V -> the candidate lattice
-(`draft_candidate_ids` int64 [b, n, K], `draft_scores` fp32 [b, n, K, K]) and present K/V.
-The block sits right after the new rows (its anchor position = last new position + 1) and
-attends to [past ‖ new context ‖ block] ("dual source", non-causal within the block unless
-the layer is sliding/causal). A sliding-window layer's present keeps its last `window` rows.
-Past rows are contiguous positions ending just before the new rows.
+DrafterGraph: the newly committed context rows' taps `aux_hidden_states [C, F]`, the blocks'
+`input_ids [NB·B]` (anchor, mask, ...), the row maps and metadata of the packed stream
+(per request: its context rows, then its block rows) + the drafter's pools -> the candidate
+lattice (`draft_candidate_ids` int32 [NB, n, K], `draft_scores` fp32 [NB, n, K, K]) and the
+pools. Context rows' K/V come from `hidden_norm(fc(taps))`, block rows' from the layer's own
+normed rows; both are written at their positions, and block rows attend to their request's
+rows below `past + query length` by the layer's rule (non-causal, or causal within a window).
+Block rows' K/V are scratch: the next step's context rows overwrite them.
 """
 
 from __future__ import annotations
@@ -18,33 +19,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import Taps
 from ..cache.views import causal_visibility
+from ..config import Taps
+from ..layers.attention import attend
 from ..models.drafter import BlockDrafter
-from ..cache.views import ContextRead
 from ..models.target import TargetModel
 from ..spec_decode.lattice import block_lattice
-
-
-def _past_positions(position_ids: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
-    """[b, t], past [b, h, P, d] -> positions [b, P] of the P rows just before position_ids[:, 0]."""
-    p = past.shape[2]
-    return position_ids[:, :1] - p + torch.arange(p, device=position_ids.device)[None, :]
-
-
-class _ConcatStep:
-    """A target step over explicit past K/V: kv() returns past ‖ new and records the presents."""
-
-    def __init__(self, position_ids: torch.Tensor, past: list[torch.Tensor]):
-        self.positions, self.past, self.presents = position_ids, past, []
-        k_pos = torch.cat([_past_positions(position_ids, past[0]), position_ids], dim=1)
-        self.visible = causal_visibility(position_ids, k_pos)
-
-    def kv(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        k = torch.cat([self.past[2 * layer], k], dim=2)
-        v = torch.cat([self.past[2 * layer + 1], v], dim=2)
-        self.presents += [k, v]
-        return k, v
+from .paged import PagedGraphStep, packed_rows
 
 
 class TargetGraph(nn.Module):
@@ -52,10 +33,11 @@ class TargetGraph(nn.Module):
         super().__init__()
         self.target, self.tap_layers = target, taps
 
-    def forward(self, input_ids, position_ids, *past):
-        step = _ConcatStep(position_ids, list(past))
-        out = self.target(input_ids, step, self.tap_layers)
-        return (out.logits, out.taps, *step.presents)
+    def forward(self, input_ids, cu_seqlens, past_lens, block_table, attention_metadata, *past):
+        request, position, lengths = packed_rows(cu_seqlens, past_lens, input_ids)
+        step = PagedGraphStep(request, position, lengths, block_table, list(past))
+        out = self.target(input_ids[None], step, self.tap_layers)
+        return (out.logits[0], out.taps[0], *step.presents)
 
 
 class DrafterGraph(nn.Module):
@@ -65,22 +47,29 @@ class DrafterGraph(nn.Module):
         # registered so the exporter emits them as named initializers, which share_initializers then
         # stores once for both graphs (they are the target's own tensors)
         self.shared_embed_tokens, self.shared_lm_head = drafter.shared.embed_tokens, drafter.shared.lm_head
-        self.windows = [layer.window for layer in drafter.layers]
 
-    def forward(self, hidden_states, position_ids, input_ids, *past):
+    def forward(self, aux_hidden_states, input_ids, q_row_map, qkv_row_map, block_row_index, cu_seqlens,
+                past_lens, block_table, attention_metadata, *past):
         d = self.drafter
-        ctx = d.hidden_norm(d.fc(hidden_states.to(d.dtype)))                            # [b, t, D]
-        cos, sin = d.rotary.cos_sin(position_ids, d.dtype)
-        keys, values, positions, presents = [], [], [], []
+        rows = d.config.block_size
+        ctx = d.hidden_norm(d.fc(aux_hidden_states.to(d.dtype)))                      # [C, D]
+        request, position, lengths = packed_rows(cu_seqlens, past_lens, qkv_row_map)  # [T], [T], [b]
+        block_req, block_pos = request[block_row_index.long()], position[block_row_index.long()]   # [NB·B]
+        cos_kv, sin_kv = d.rotary.cos_sin(position[None], d.dtype)                    # every packed row
+        cos_q, sin_q = d.rotary.cos_sin(block_pos[None], d.dtype)                     # block rows
+        x = d.embed(input_ids).to(d.dtype).view(-1, rows, ctx.shape[-1])               # [NB, B, D]
+        step = PagedGraphStep(request, position, lengths, block_table, list(past), block_req, block_pos)
         for i, layer in enumerate(d.layers):
-            k, v = layer.self_attn.context_kv(ctx, cos, sin)
-            past_k, past_v = past[2 * i], past[2 * i + 1]
-            positions.append(torch.cat([_past_positions(position_ids, past_k), position_ids], dim=1))
-            keys.append(torch.cat([past_k, k], dim=2))
-            values.append(torch.cat([past_v, v], dim=2))
-            window = self.windows[i]
-            presents += [keys[-1][:, :, -window:], values[-1][:, :, -window:]] if window else [keys[-1], values[-1]]
-        read = ContextRead(keys, values, positions, [None] * len(keys), position_ids[:, -1] + 1)
-        hidden = d.block_hidden_of(input_ids, read)                                      # [b, B, D]
-        lattice = block_lattice(d, hidden, input_ids[:, 0], self.top_k)
-        return (lattice.candidate_ids, lattice.scores, *presents)
+            visible = step.visible_for(lambda q, k, layer=layer: causal_visibility(q, k, layer.window, layer.causal))
+
+            def paged_attention(attn, h, i=i, visible=visible):
+                flat = h.reshape(-1, h.shape[-1])                                     # [NB·B, D]
+                source = torch.cat([flat, ctx])[qkv_row_map.long()]                   # [T, D] K/V rows
+                k, v = step.kv(i, *attn.context_kv(source[None], cos_kv, sin_kv))     # the pages, written
+                q = attn.queries(flat[None], cos_q, sin_q)                            # [1, h, NB·B, d]
+                return attn.o_proj(attend(q, k, v, visible, attn.head_dim ** -0.5)).view(h.shape)
+
+            x = layer(x, paged_attention)
+        hidden = d.norm(x)                                                            # [NB, B, D]
+        lattice = block_lattice(d, hidden, input_ids.view(-1, rows)[:, 0], self.top_k)
+        return (lattice.candidate_ids.to(torch.int32), lattice.scores, *step.presents)

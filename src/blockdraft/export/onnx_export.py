@@ -1,20 +1,20 @@
-"""`blockdraft export onnx`: target + drafter graphs, shared initializers, runtime JSON.
+"""`blockdraft export onnx`: an ONNX Runtime GenAI 0.18 model directory that og.Engine runs on CPU.
 
-Layout of OUT_DIR:
-  target.onnx (+ target.onnx.data)     logits, packed taps (`hidden_states`), present K/V
-  drafter.onnx (+ drafter.onnx.data)   candidate lattice + present drafter K/V
+Layout of OUT_DIR (ORT-GenAI's own names, `docs/ortgenai_contract.md`):
+  model.onnx (+ model.onnx.data)       the target: packed ids, paged K/V, logits + `aux_hidden_states`
+  dspark.onnx | dflash2.onnx (+ .data) the drafter: packed context + blocks, paged K/V -> the lattice
   shared_weights.bin                   tensors both graphs use (the target's embedding and LM head),
                                        stored once and referenced by both as external initializers
-  genai_config.json                    ONNX Runtime GenAI 0.18's config, only keys its parser accepts
-                                       (`model.decoder` + `model.dspark` | `model.dflash2`, never both;
-                                       `speculative.max_draft_tokens`); `og.Config` loads it (tested)
-  blockdraft.json                      what blockdraft's backend needs beyond that: graph dtypes, tap
-                                       layers, drafter cache layout, input names of this graph layout
+  genai_config.json                    only keys the 0.18 parser accepts: `model.decoder` +
+                                       `model.dspark` | `model.dflash2`, `engine.dynamic_batching`
+                                       (its `block_size` is the KV page), `speculative.max_draft_tokens`
   tokenizer.json, tokenizer_config.json (copied from the target)
 
-The graphs themselves still follow blockdraft's own layout (contiguous growing KV, 3-D taps,
-int64 candidates), not ORT-GenAI's paged one (`docs/ortgenai_contract.md`), so og.Engine cannot
-run them yet; DFlash2 without a sliding window is refused, as the 0.18 runtime refuses it.
+Attention is plain ONNX (Gather by block table, ScatterND of the new rows; `export/paged.py`), so
+the CPU execution provider runs it. blockdraft's own onnxruntime backend reads the same directory.
+A sliding-window ring (`sliding_window > 0`) is declared only when every drafter layer slides with
+one window; DFlash2 needs one (0.18 refuses `sliding_window <= 0` there), so a DFlash2 drafter
+with a full-attention layer is refused by name.
 """
 
 from __future__ import annotations
@@ -40,7 +40,10 @@ def cache_names(prefix: str, n: int) -> list[str]:
 
 
 def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | Path, dtype: str = "fp32",
-                top_k: int | None = None, opset: int = 18) -> Path:
+                top_k: int | None = None, opset: int = 18, page_size: int = 32, max_batch_size: int = 8,
+                kv_tokens: int = 16384) -> Path:
+    """Write OUT_DIR (see the module docstring). `page_size` is the KV page (engine.dynamic_batching.
+    block_size; static in the drafter graph), `max_batch_size` and `kv_tokens` size og.Engine's pools."""
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype must be fp32 or bf16, got {dtype!r}")
     # bf16: weights are stored in bf16 and cast to fp32 where used — onnxruntime's CPU provider has
@@ -54,9 +57,6 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
         raise ConfigError(f"export onnx writes the ORT-GenAI lattice contract, which covers dspark and dflash2 "
                           f"drafters; {drafter_dir} resolves to kind={cfg.kind!r}")
     if cfg.kind == "dflash2":
-        if not any(cfg.layer_window(i) for i in range(cfg.num_layers)):
-            raise ConfigError(f"{drafter_dir}: a dflash2 drafter without a sliding window cannot be exported: "
-                              "ONNX Runtime GenAI 0.18 requires model.dflash2.sliding_window > 0")
         if top_k is not None and top_k != cfg.selector_top_k:
             raise ConfigError(f"--top-k {top_k}: a dflash2 selector is trained for selector_top_k="
                               f"{cfg.selector_top_k}; omit --top-k or pass that value")
@@ -64,48 +64,77 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
     top_k = 8 if top_k is None else top_k
     if not 1 <= top_k <= cfg.vocab_size:
         raise ConfigError(f"--top-k must be in [1, vocab_size={cfg.vocab_size}], got {top_k}")
+    window = shared_window(cfg)
+    if cfg.kind == "dflash2" and window is None:
+        raise ConfigError(f"{drafter_dir}: a dflash2 drafter exports only when every layer slides with one window "
+                          f"(ONNX Runtime GenAI 0.18 requires model.dflash2.sliding_window > 0 and gives all "
+                          f"layers one ring); layer windows are {[cfg.layer_window(i) for i in range(cfg.num_layers)]}")
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
 
-    taps = cfg.taps
     t, d = target.config, cfg
-    tgt_past = [torch.zeros(1, t.num_kv_heads, 2, t.head_dim, dtype=torch_dtype) for _ in range(2 * t.num_layers)]
-    tgt_in = cache_names("past_key_values", t.num_layers)
-    tgt_out = cache_names("present", t.num_layers)
-    _export(TargetGraph(target, taps), (torch.tensor([[1, 2, 3]]), torch.tensor([[2, 3, 4]]), *tgt_past),
-            tmp / "target.onnx", ["input_ids", "position_ids", *tgt_in], ["logits", "hidden_states", *tgt_out],
-            {"input_ids": {0: "batch", 1: "seq"}, "position_ids": {0: "batch", 1: "seq"},
-             **{n: {0: "batch", 2: "past_seq"} for n in tgt_in}, **{n: {0: "batch", 2: "total_seq"} for n in tgt_out}},
-            opset)
-    feat = len(taps.layers) * t.hidden_size
-    dr_past = [torch.zeros(1, d.num_kv_heads, 2, d.head_dim, dtype=torch_dtype) for _ in range(2 * d.num_layers)]
-    dr_in = cache_names("past_key_values", d.num_layers)
-    dr_out = cache_names("present", d.num_layers)
-    block = torch.full((1, d.block_size), d.mask_token_id)
-    _export(DrafterGraph(drafter, top_k), (torch.zeros(1, 3, feat, dtype=torch_dtype), torch.tensor([[2, 3, 4]]),
-                                           block, *dr_past),
-            tmp / "drafter.onnx", ["hidden_states", "position_ids", "input_ids", *dr_in],
-            ["draft_candidate_ids", "draft_scores", *dr_out],
-            {"hidden_states": {0: "batch", 1: "seq"}, "position_ids": {0: "batch", 1: "seq"}, "input_ids": {0: "batch"},
-             **{n: {0: "batch", 2: "past_seq"} for n in dr_in}, **{n: {0: "batch", 2: "total_seq"} for n in dr_out},
-             "draft_candidate_ids": {0: "batch"}, "draft_scores": {0: "batch"}},
-            opset)
-    if weights_bf16:
-        for graph in ("target.onnx", "drafter.onnx"):
+    graph_name = f"{d.kind}.onnx"
+    meta = {"cumulative_sequence_lengths": torch.tensor([0, 3, 5], dtype=torch.int32),
+            "past_sequence_lengths": torch.tensor([0, 2], dtype=torch.int32),
+            "block_table": torch.tensor([[0, 1], [2, -1]], dtype=torch.int32),
+            "attention_metadata": torch.tensor([3, 4, 2], dtype=torch.int32)}
+    seq_axes = {"cumulative_sequence_lengths": {0: "batch_plus_1"}, "past_sequence_lengths": {0: "batch"},
+                "block_table": {0: "batch", 1: "max_blocks"}}
+
+    def pools(layers, heads, dim):
+        names_in, names_out = cache_names("past_key_values", layers), cache_names("present", layers)
+        tensors = [torch.zeros(4, page_size, heads, dim) for _ in names_in]
+        axes = {n: {0: "num_blocks"} for n in names_in + names_out}
+        return names_in, names_out, tensors, axes
+
+    t_in, t_out, t_pools, t_axes = pools(t.num_layers, t.num_kv_heads, t.head_dim)
+    _export(TargetGraph(target, cfg.taps), (torch.tensor([1, 2, 3, 4, 5]), *meta.values(), *t_pools),
+            tmp / "model.onnx", ["input_ids", *meta, *t_in], ["logits", "aux_hidden_states", *t_out],
+            {"input_ids": {0: "num_tokens"}, **seq_axes, **t_axes, "logits": {0: "num_tokens"},
+             "aux_hidden_states": {0: "num_tokens"}}, opset)
+    feat = len(cfg.taps.layers) * t.hidden_size
+    d_in, d_out, d_pools, d_axes = pools(d.num_layers, d.num_kv_heads, d.head_dim)
+    b = d.block_size
+    # two requests: 3 context rows + a block, then 2 context rows + a block (packed: ctx, block, ctx, block)
+    ctx_rows, blocks = 5, 2
+    qkv = [2 * b + 0, 2 * b + 1, 2 * b + 2, *range(b), 2 * b + 3, 2 * b + 4, *range(b, 2 * b)]
+    block_rows = [*range(3, 3 + b), *range(5 + b, 5 + 2 * b)]
+    d_meta = dict(meta, cumulative_sequence_lengths=torch.tensor([0, 3 + b, 5 + 2 * b], dtype=torch.int32))
+    ids = torch.full((blocks * b,), d.mask_token_id)
+    ids[::b] = torch.tensor([2, 3])
+    _export(DrafterGraph(drafter, top_k),
+            (torch.zeros(ctx_rows, feat), ids, torch.zeros(len(qkv), dtype=torch.int32),
+             torch.tensor(qkv, dtype=torch.int32), torch.tensor(block_rows, dtype=torch.int32), *d_meta.values(),
+             *d_pools),
+            tmp / graph_name, ["aux_hidden_states", "input_ids", "q_row_map", "qkv_row_map", "block_row_index",
+                               *meta, *d_in], ["draft_candidate_ids", "draft_scores", *d_out],
+            {"aux_hidden_states": {0: "num_ctx"}, "input_ids": {0: "num_block"}, "q_row_map": {0: "num_tokens"},
+             "qkv_row_map": {0: "num_tokens"}, "block_row_index": {0: "num_block"}, **seq_axes, **d_axes,
+             "draft_candidate_ids": {0: "batch"}, "draft_scores": {0: "batch"}}, opset)
+    n = d.num_draft_tokens
+    fix_contract_io(tmp / "model.onnx", ["attention_metadata"])
+    fix_contract_io(tmp / graph_name, ["attention_metadata", "q_row_map"],
+                    {"draft_candidate_ids": ["batch", n, top_k], "draft_scores": ["batch", n, top_k, top_k]})
+    for graph in ("model.onnx", graph_name):
+        if weights_bf16:
             weights_to_bf16(tmp / graph)
-    shared = share_initializers(tmp, ["target.onnx", "drafter.onnx"])
-    (tmp / "genai_config.json").write_text(json.dumps(genai_config(target, drafter, top_k, shared), indent=1) + "\n")
-    side = blockdraft_json(target, drafter, torch_dtype)
-    side["weights_dtype"] = "bfloat16" if weights_bf16 else "float32"
-    (tmp / "blockdraft.json").write_text(json.dumps(side, indent=1) + "\n")
+    share_initializers(tmp, ["model.onnx", graph_name])
+    config = genai_config(target, drafter, top_k, window, page_size, max_batch_size, kv_tokens)
+    (tmp / "genai_config.json").write_text(json.dumps(config, indent=1) + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         if (Path(target_dir) / name).is_file():
             shutil.copy(Path(target_dir) / name, tmp / name)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
+
+
+def shared_window(cfg) -> int | None:
+    """The one window every layer slides with, else None (a full-attention layer, or mixed windows)."""
+    windows = {cfg.layer_window(i) for i in range(cfg.num_layers)}
+    return windows.pop() if len(windows) == 1 and None not in windows else None
 
 
 def _export(module, args, path: Path, inputs, outputs, dynamic_axes, opset: int) -> None:
@@ -143,10 +172,14 @@ def weights_to_bf16(path: Path, threshold: int = 1024) -> None:
     onnx.save_model(model, str(path))
 
 
-def share_initializers(folder: Path, names: list[str], threshold: int = 1024) -> dict[str, list[dict]]:
+def share_initializers(folder: Path, names: list[str], threshold: int = 1024) -> dict[str, list[str]]:
     """Store initializers that appear (byte-identical) in several graphs once, in shared_weights.bin,
     as external data both graphs point to; each graph's other large initializers go to GRAPH.data.
-    Returns, per graph, its shared tensors as ORT-GenAI's `shared_initializers` entries."""
+    Returns, per graph, the names of its shared tensors.
+
+    The file is shared, not the memory: og.Engine 0.18 on the CPU provider fails to load a model
+    whose drafter lists `shared_initializers` ("GetMemoryInfo for CPU should not be used."), so the
+    config lists none and each session maps the tensors itself."""
     import onnx
     from onnx.external_data_helper import set_external_data
 
@@ -156,7 +189,7 @@ def share_initializers(folder: Path, names: list[str], threshold: int = 1024) ->
         for init in m.graph.initializer:
             if len(init.raw_data) >= threshold:
                 owners.setdefault(hashlib.sha256(init.raw_data).hexdigest(), []).append((n, init))
-    shared: dict[str, list[dict]] = {n: [] for n in names}
+    shared: dict[str, list[str]] = {n: [] for n in names}
     offset = 0
     with open(folder / "shared_weights.bin", "wb") as out:
         for digest, uses in owners.items():
@@ -168,8 +201,7 @@ def share_initializers(folder: Path, names: list[str], threshold: int = 1024) ->
                 set_external_data(init, "shared_weights.bin", offset, len(data))
                 init.ClearField("raw_data")
                 init.data_location = onnx.TensorProto.EXTERNAL
-                shared[n].append({"name": init.name, "data_file": "shared_weights.bin", "offset": str(offset),
-                                  "length": str(len(data)), "data_type": init.data_type, "shape": list(init.dims)})
+                shared[n].append(init.name)
             offset += len(data)
     for n, m in models.items():
         own, own_offset = folder / f"{n}.data", 0
@@ -182,43 +214,61 @@ def share_initializers(folder: Path, names: list[str], threshold: int = 1024) ->
                     init.ClearField("raw_data")
                     init.data_location = onnx.TensorProto.EXTERNAL
         onnx.save_model(m, str(folder / n))
-    return {n: sorted(entries, key=lambda e: e["name"]) for n, entries in shared.items()}
+    return {n: sorted(entries) for n, entries in shared.items()}
 
 
-def genai_config(target, drafter, top_k: int, shared: dict[str, list[dict]]) -> dict:
+def fix_contract_io(path: Path, unused_inputs: list[str], output_dims: dict[str, list] | None = None) -> None:
+    """Declare the contract inputs the graph does not read (the exporter drops them), so a runtime that
+    binds the contract's names finds them: `attention_metadata` (bounds a kernel would use; the masks
+    here are exact) and the drafter's `q_row_map` (queries are computed for block rows only). Write
+    the static sizes the contract fixes into outputs the exporter left symbolic (og.Engine checks
+    `[batch, n, K]` / `[batch, n, K, K]`)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    shapes = {"attention_metadata": [3], "q_row_map": ["num_tokens"]}
+    model = onnx.load(str(path), load_external_data=False)
+    have = {i.name for i in model.graph.input}
+    for name in unused_inputs:
+        if name not in have:
+            model.graph.input.append(helper.make_tensor_value_info(name, TensorProto.INT32, shapes[name]))
+    for out in model.graph.output:
+        for dim, want in zip(out.type.tensor_type.shape.dim, (output_dims or {}).get(out.name, [])):
+            if isinstance(want, int):
+                dim.dim_value = want
+            else:
+                dim.dim_param = want
+    onnx.save_model(model, str(path))
+
+
+def genai_config(target, drafter, top_k: int, window: int | None, page_size: int,
+                 max_batch_size: int, kv_tokens: int) -> dict:
     """genai_config.json in ONNX Runtime GenAI 0.18's schema: only keys its parser accepts."""
     t, d = target.config, drafter.config
+    meta = {n: n for n in ("cumulative_sequence_lengths", "past_sequence_lengths", "block_table",
+                           "attention_metadata")}
     cache_in = {"past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"}
     cache_out = {"present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}
     decoder = {
-        "filename": "target.onnx", "hidden_size": t.hidden_size, "num_attention_heads": t.num_heads,
+        "filename": "model.onnx", "hidden_size": t.hidden_size, "num_attention_heads": t.num_heads,
         "num_hidden_layers": t.num_layers, "num_key_value_heads": t.num_kv_heads, "head_size": t.head_dim,
-        "inputs": {"input_ids": "input_ids", "position_ids": "position_ids", **cache_in},
-        "outputs": {"logits": "logits", "aux_hidden_states": "hidden_states", **cache_out},
-        "shared_initializers": shared["target.onnx"],
+        "inputs": {"input_ids": "input_ids", **meta, **cache_in},
+        "outputs": {"logits": "logits", "aux_hidden_states": "aux_hidden_states", **cache_out},
     }
+    graph = f"{d.kind}.onnx"
     section = {
-        "filename": "drafter.onnx", "num_hidden_layers": d.num_layers, "num_key_value_heads": d.num_kv_heads,
+        "filename": graph, "num_hidden_layers": d.num_layers, "num_key_value_heads": d.num_kv_heads,
         "head_size": d.head_dim, "block_size": d.block_size, "num_draft_tokens": d.num_draft_tokens,
-        "selector_top_k": top_k, "mask_token_id": d.mask_token_id, "sliding_window": d.sliding_window or -1,
-        "main_aux_hidden_states": "hidden_states", "aux_hidden_state_layers": list(d.target_layer_ids),
-        "inputs": {"aux_hidden_states": "hidden_states", "input_ids": "input_ids", **cache_in},
+        "selector_top_k": top_k, "mask_token_id": d.mask_token_id, "sliding_window": window or -1,
+        "main_aux_hidden_states": "aux_hidden_states", "aux_hidden_state_layers": list(d.taps.layers),
+        "inputs": {"aux_hidden_states": "aux_hidden_states", "input_ids": "input_ids", "q_row_map": "q_row_map",
+                   "qkv_row_map": "qkv_row_map", "block_row_index": "block_row_index", **meta, **cache_in},
         "outputs": {"candidate_ids": "draft_candidate_ids", "scores": "draft_scores", **cache_out},
-        "shared_initializers": shared["drafter.onnx"],
     }
     eos = list(t.eos_token_ids)
     return {"model": {"type": t.architecture, "vocab_size": t.vocab_size, "context_length": t.max_position_embeddings,
                       "eos_token_id": eos if len(eos) != 1 else eos[0], "decoder": decoder, d.kind: section},
+            "engine": {"dynamic_batching": {"block_size": page_size, "max_batch_size": max_batch_size,
+                                            "num_blocks": -(-kv_tokens // page_size), "prefix_caching": False}},
+            "search": {"max_length": t.max_position_embeddings, "do_sample": False},
             "speculative": {"max_draft_tokens": min(16, d.num_draft_tokens)}}
-
-
-def blockdraft_json(target, drafter, dtype: torch.dtype) -> dict:
-    """What blockdraft's onnxruntime backend reads beyond genai_config.json (ORT-GenAI refuses these keys)."""
-    t, d = target.config, drafter.config
-    layers = [{"kind": "ring" if layer.window else "full", "window": layer.window} for layer in drafter.layers]
-    return {"format": 1, "kind": d.kind, "dtype": ONNX_DTYPE[dtype], "eos_token_ids": list(t.eos_token_ids),
-            "target_layer_ids": list(d.target_layer_ids), "tap_layers": list(d.taps.layers),
-            "shift_label": d.shift_label, "drafter_hidden_size": d.hidden_size,
-            "markov_rank": d.markov_rank if d.kind == "dspark" else None,
-            "drafter_cache": {"dtype": ONNX_DTYPE[dtype], "layers": layers},
-            "drafter_inputs": {"position_ids": "position_ids"}}   # ORT-GenAI's drafter inputs have no positions

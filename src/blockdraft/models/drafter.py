@@ -53,11 +53,14 @@ class InjectedAttention(nn.Module):
         k = apply_rope(self.k_norm(self._heads(ctx, self.k_proj, self.num_kv_heads)).transpose(1, 2), cos, sin)
         return k, self._heads(ctx, self.v_proj, self.num_kv_heads).transpose(1, 2)
 
+    def queries(self, x: torch.Tensor, cos, sin) -> torch.Tensor:
+        """Block rows [b, t, D] -> Q [b, h, t, d] (q_norm, then RoPE)."""
+        return apply_rope(self.q_norm(self._heads(x, self.q_proj, self.num_heads)).transpose(1, 2), cos, sin)
+
     def forward(self, x, cos, sin, ctx_k, ctx_v, visible) -> torch.Tensor:
-        q = apply_rope(self.q_norm(self._heads(x, self.q_proj, self.num_heads)).transpose(1, 2), cos, sin)
         k, v = self.context_kv(x, cos, sin)
         k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
-        return self.o_proj(attend(q, k, v, visible, self.head_dim ** -0.5))
+        return self.o_proj(attend(self.queries(x, cos, sin), k, v, visible, self.head_dim ** -0.5))
 
 
 class GroupedCausalConv(nn.Module):
@@ -116,11 +119,13 @@ class DrafterLayer(nn.Module):
             visible = rule if visible is None else visible & rule
         return visible
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, visible):
+    def forward(self, x, attention):
+        """x [b, rows, D]; `attention(self_attn, h)` runs this layer's attention for the normed rows h
+        over whatever context the caller holds (a `ContextRead`, or an exported graph's pages)."""
         h = self.input_layernorm(x)
         if self.attention_conv is not None:
             h, kernel = self.attention_conv.prepare(h)
-        h = self.self_attn(h, cos, sin, ctx_k, ctx_v, visible)
+        h = attention(self.self_attn, h)
         if self.attention_conv is not None:
             h = self.attention_conv.finish(h, kernel)
         x = x + h
@@ -306,5 +311,6 @@ class BlockDrafter(nn.Module):
             all_valid = block_valid is None and (valid is None or bool(valid.all()))
             k_valid = None if all_valid else torch.cat([valid if valid is not None else
                                                         torch.ones_like(ctx.positions[i], dtype=torch.bool), bv], dim=1)
-            x = layer(x, cos, sin, ctx.keys[i], ctx.values[i], layer.visibility(q_pos, k_pos, k_valid))
+            visible = layer.visibility(q_pos, k_pos, k_valid)
+            x = layer(x, lambda attn, h: attn(h, cos, sin, ctx.keys[i], ctx.values[i], visible))
         return self.norm(x)
