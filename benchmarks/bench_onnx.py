@@ -1,127 +1,210 @@
-"""onnxruntime vs torch backend on the default model (SmolLM2-135M + the shipped DSpark), batch 1.
+"""One export, two runtimes: og.Engine (ONNX Runtime GenAI 0.18.0's own engine) vs blockdraft's
+onnxruntime backend on the same `export onnx` directory of the default model (SmolLM2-135M +
+the shipped DSpark, fp32), and ORT-GenAI's own CPU builds of the same weights without a drafter.
 
-Exports fp32 and bf16 (bf16 initializers, fp32 compute), then per prompt, side by side:
-the torch lattice backend, ORT fp32, ORT bf16 — tokens/s (medians of repeats) and mean AL;
-bf16 vs fp32 agreement: top-1 lattice candidate match rate over the fp32 run's draft calls
-(the bf16 backend replays the same committed context) and the AL difference.
-Writes benchmarks/results/onnx.json and onnx.png.
+    python benchmarks/bench_onnx.py [--prompts 4] [--tokens 48] [--repeats 2] [--batches 1,4]
 
-    python benchmarks/bench_onnx.py [--prompts 6] [--tokens 96] [--repeats 3]
+Side by side in one process, every repeat runs every mode over the same chat prompts (greedy):
+  og_engine_dspark   og.Engine on the export, drafter on (batch b = b requests in flight at once)
+  og_engine_plain    og.Engine on the same graphs with the drafter section removed (plain decoding)
+  blockdraft_dspark  blockdraft's onnxruntime backend on the export (one sequence at a time)
+  ortgenai_fp32/int4 og.Generator on ORT-GenAI's own builder output (`-p fp32|int4 -e cpu`)
+tokens/s = generated tokens (to EOS) / wall time, prefill included; medians over repeats; mean AL
+from og's `get_speculative_stats()` (accepted / rounds + 1) and from our per-step lengths.
+Writes benchmarks/results/onnx.json and docs/onnx_engines.png.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from blockdraft.bench.prompt_sets import load_set
+from blockdraft.decode import generate_one
 from blockdraft.default_model import smollm2_dir
 from blockdraft.export.onnx_export import export_onnx
 from blockdraft.export.runtime import OnnxBackend
-from blockdraft.lattice_decode import TorchLatticeBackend, lattice_generate
+from blockdraft.lattice_decode import lattice_generate
 from blockdraft.llm import DEFAULT_DRAFTERS
-from blockdraft.loading import load_drafter, load_target
+from blockdraft.loading import load_target
 from blockdraft.sampling.params import SamplingParams
 from blockdraft.sampling.stops import StopCriteria
 from blockdraft.tokenizer import Tokenizer
 
-OUT = Path(__file__).parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("BLOCKDRAFT_CACHE", Path.home() / ".cache" / "blockdraft"))
 
 
-class Recording:
-    """Wraps a backend and records each draft call's inputs and top-1 candidates."""
-
-    def __init__(self, backend):
-        self.backend, self.calls = backend, []
-
-    def __getattr__(self, name):
-        return getattr(self.backend, name)
-
-    def draft(self, new_taps, new_start, block_ids):
-        lattice = self.backend.draft(new_taps, new_start, block_ids)
-        self.calls.append((new_taps.clone(), new_start, list(block_ids), lattice.candidate_ids[0, :, 0].clone()))
-        return lattice
+def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[:i + 1]
+    return tokens
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--prompts", type=int, default=6)
-    ap.add_argument("--tokens", type=int, default=96)
-    ap.add_argument("--repeats", type=int, default=3)
+def og_engine(folder: Path, prompts: list[list[int]], batch: int, max_new: int) -> tuple[float, list, dict]:
+    """Greedy through og.Engine, `batch` requests in flight at a time -> (seconds, tokens, stats)."""
+    import onnxruntime_genai as og
+
+    config = og.Config(str(folder))
+    config.clear_providers()
+    engine = og.Engine(og.Model(config))
+    outs, t0 = [], time.perf_counter()
+    for lo in range(0, len(prompts), batch):
+        requests = []
+        for prompt in prompts[lo:lo + batch]:
+            request = engine.create_request()
+            options = og.TurnOptions(request)
+            options.set_max_generated_tokens(max_new)
+            options.set_do_sample(False)
+            request.begin_turn(np.array(prompt, dtype=np.int32), options)
+            requests.append(request)
+        tokens = {id(r): [] for r in requests}
+        events = engine.create_event_buffer(4096)
+        while engine.has_pending_requests():
+            for event in engine.run(events):
+                if int(event.flags) & int(og.EngineEventFlags.TOKEN):
+                    tokens[id(event.request)].append(int(event.token))
+        outs += [tokens[id(r)] for r in requests]
+    return time.perf_counter() - t0, outs, engine.get_speculative_stats()
+
+
+def og_generator(folder: Path, texts: list[str], batch: int, max_new: int) -> tuple[float, list]:
+    """Greedy through og.Generator over chat-templated texts (ORT-GenAI's own builds have no paged
+    inputs; its tokenizer pads a batch and the generator masks the padding)."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    tok = og.Tokenizer(model)
+    outs, t0 = [], time.perf_counter()
+    for lo in range(0, len(texts), batch):
+        group = texts[lo:lo + batch]
+        ids = tok.encode_batch(group)                                      # [batch, longest]
+        prefix = ids.shape()[1]
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=prefix + max_new, batch_size=len(group))
+        gen = og.Generator(model, params)
+        gen.append_tokens(ids)
+        while not gen.is_done():
+            gen.generate_next_token()
+        outs += [[int(t) for t in gen.get_sequence(i)[prefix:]] for i in range(len(group))]
+    return time.perf_counter() - t0, outs
+
+
+def ortgenai_build(precision: str) -> Path | None:
+    out = CACHE / f"ortgenai-smollm2-{precision}"
+    if not (out / "genai_config.json").is_file():
+        try:
+            subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(smollm2_dir()),
+                            "-o", str(out), "-p", precision, "-e", "cpu"], check=True, stdout=subprocess.DEVNULL)
+        except subprocess.CalledProcessError as e:
+            print(f"ORT-GenAI builder failed for {precision}: {e}", file=sys.stderr)
+            return None
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--batches", default="1,4")
     args = ap.parse_args()
-    torch.set_num_threads(2)
-    target_dir, drafter_dir = smollm2_dir(), DEFAULT_DRAFTERS["dspark"]
-    exports = {}
-    for dtype in ("fp32", "bf16"):
-        t0 = time.perf_counter()
-        exports[dtype] = export_onnx(target_dir, drafter_dir, OUT / f"onnx-export-{dtype}", dtype)
-        print(f"export {dtype}: {time.perf_counter() - t0:.1f}s")
-    target = load_target(target_dir, "float32")
-    backends = {"torch": TorchLatticeBackend(target, load_drafter(drafter_dir, target)),
-                "ort_fp32": OnnxBackend(exports["fp32"], threads=2), "ort_bf16": OnnxBackend(exports["bf16"], threads=2)}
-    tok = Tokenizer(target_dir)
-    stop = StopCriteria(eos_ids=frozenset({tok.eos_token_id}))
-    prompts = [tok.encode_chat([{"role": "user", "content": p}])
-               for s in ("chat", "math", "humaneval") for p in load_set(s, args.prompts // 3)]
+    export = CACHE / "onnx-smollm2-dspark-fp32"
+    if not (export / "genai_config.json").is_file():
+        export_onnx(smollm2_dir(), DEFAULT_DRAFTERS["dspark"], export, "fp32")
+    plain = CACHE / "onnx-smollm2-plain-fp32"                 # the same graphs, no drafter section
+    if not (plain / "genai_config.json").is_file():
+        shutil.rmtree(plain, ignore_errors=True)
+        plain.mkdir(parents=True)
+        for f in export.iterdir():
+            if not f.name.startswith("dspark.onnx"):
+                (plain / f.name).symlink_to(f)
+        cfg = json.loads((export / "genai_config.json").read_text())
+        cfg["model"].pop("dspark")
+        cfg.pop("speculative")
+        (plain / "genai_config.json").unlink()
+        (plain / "genai_config.json").write_text(json.dumps(cfg, indent=1))
+    builds = {f"ortgenai_{p}": ortgenai_build(p) for p in ("fp32", "int4")}
+    tok = Tokenizer(smollm2_dir())
+    eos = {tok.eos_token_id}
+    texts = load_set("chat", args.prompts)
+    prompts = [tok.encode_chat([{"role": "user", "content": t}]) for t in texts]
+    rendered = [tok.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
+    ours = OnnxBackend(export)
+    stop = StopCriteria(eos_ids=frozenset(eos))
     params = SamplingParams(max_tokens=args.tokens)
-    tps = {m: [] for m in backends}
-    lengths = {m: [] for m in backends}
-    same_tokens = {m: 0 for m in backends}
-    top1_match = top1_total = 0
-    for rep in range(args.repeats):
-        seconds, counts = dict.fromkeys(backends, 0.0), dict.fromkeys(backends, 0)
-        for prompt in prompts:
-            ref = None
-            for name, backend in backends.items():
-                rec = Recording(backend) if rep == 0 and name == "ort_fp32" else backend
-                t0 = time.perf_counter()
-                gen = lattice_generate(rec, prompt, params, stop)
-                seconds[name] += time.perf_counter() - t0
-                counts[name] += len(gen.token_ids)
+
+    target = load_target(smollm2_dir(), "float32")            # the export's numerics
+    reference = [_until_eos(generate_one(target, p, params, None, stop).token_ids, eos) for p in prompts]
+    del target
+    batches = [int(b) for b in args.batches.split(",")]
+    results = {}
+    for batch in batches:
+        modes = ["og_engine_dspark", "og_engine_plain", *(["blockdraft_dspark"] if batch == 1 else []),
+                 *[m for m, d in builds.items() if d is not None]]
+        rate = {m: [] for m in modes}
+        info = {m: {} for m in modes}
+        for rep in range(args.repeats):
+            for mode in modes:
+                stats = None
+                if mode == "og_engine_dspark":
+                    seconds, outs, stats = og_engine(export, prompts, batch, args.tokens)
+                elif mode == "og_engine_plain":
+                    seconds, outs, _ = og_engine(plain, prompts, batch, args.tokens)
+                elif mode == "blockdraft_dspark":
+                    t0, outs, lengths = time.perf_counter(), [], []
+                    for p in prompts:
+                        gen = lattice_generate(ours, p, params, stop)
+                        outs.append(gen.token_ids)
+                        lengths += gen.acceptance_lengths
+                    seconds = time.perf_counter() - t0
+                    info[mode]["mean_al"] = sum(lengths) / len(lengths)
+                else:
+                    seconds, outs = og_generator(builds[mode], rendered, batch, args.tokens)
+                outs = [_until_eos(o, eos) for o in outs]
+                rate[mode].append(sum(len(o) for o in outs) / seconds)
+                if stats is not None:
+                    info[mode]["mean_al"] = stats["draft_tokens_accepted"] / max(1, stats["rounds"]) + 1
+                    info[mode]["draft_forward_passes"] = stats["draft_forward_passes"]
                 if rep == 0:
-                    lengths[name] += gen.acceptance_lengths
-                    ref = gen.token_ids if name == "torch" else ref
-                    same_tokens[name] += int(gen.token_ids == ref)
-                if rep == 0 and name == "ort_fp32":      # replay fp32's draft calls through bf16
-                    bf16 = backends["ort_bf16"]
-                    bf16.reset()
-                    for taps, start, block, top1 in rec.calls:
-                        if start < bf16.d_length:         # the fp32 run rewound: restart the context
-                            bf16.reset()
-                            continue
-                        got = bf16.draft(taps, start, block).candidate_ids[0, :, 0]
-                        top1_match += int((got == top1).sum())
-                        top1_total += got.numel()
-        for m in backends:
-            tps[m].append(counts[m] / seconds[m])
-    report = {"prompts": len(prompts), "max_new_tokens": args.tokens, "repeats": args.repeats,
-              "tokens_per_s": {m: statistics.median(v) for m, v in tps.items()}, "tokens_per_s_repeats": tps,
-              "mean_al": {m: sum(v) / len(v) for m, v in lengths.items()},
-              "greedy_tokens_equal_torch": same_tokens,
-              "bf16_top1_match_rate": top1_match / max(1, top1_total), "bf16_top1_compared": top1_total,
-              "speedup_vs_torch": {m: statistics.median(a / b for a, b in zip(tps[m], tps["torch"])) for m in tps}}
-    OUT.mkdir(exist_ok=True)
-    (OUT / "onnx.json").write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in report.items() if k != "tokens_per_s_repeats"}, indent=1))
+                    info[mode]["greedy_equal_to_torch_fp32_ar"] = f"{sum(a == b for a, b in zip(outs, reference))}/{len(outs)}"
+                print(f"batch {batch} rep {rep} {mode}: {rate[mode][-1]:.1f} tok/s {info[mode]}", file=sys.stderr,
+                      flush=True)
+        results[batch] = {m: {"tokens_per_s": statistics.median(v), "repeats": v, **info[m],
+                              "vs_og_engine_plain": statistics.median(
+                                  a / b for a, b in zip(v, rate["og_engine_plain"]))} for m, v in rate.items()}
+    report = {"export": str(export), "prompts": len(prompts), "max_new_tokens": args.tokens, "repeats": args.repeats,
+              "results": results, "cpu": open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": ")}
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "onnx.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report, indent=1))
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    names = list(backends)
-    ax.bar(names, [report["tokens_per_s"][m] for m in names])
-    for i, m in enumerate(names):
-        ax.text(i, report["tokens_per_s"][m], f"AL {report['mean_al'][m]:.2f}", ha="center", va="bottom")
-    ax.set_ylabel("tokens/s (batch 1, DSpark)")
+    fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 3.6), squeeze=False)
+    for ax, batch in zip(axes[0], batches):
+        names = list(results[batch])
+        ax.bar(range(len(names)), [results[batch][m]["tokens_per_s"] for m in names])
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_title(f"batch {batch}")
+        ax.set_ylabel("tokens/s")
     fig.tight_layout()
-    fig.savefig(OUT / "onnx.png", dpi=110)
+    fig.savefig(ROOT / "docs" / "onnx_engines.png", dpi=110)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

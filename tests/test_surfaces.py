@@ -88,13 +88,13 @@ def test_generate_tp2_equals_the_oracle(capsys, oracle, kind, mode):
 
 
 def _sliding_dflash2(tmp_path_factory) -> Path:
-    """The tiny DFlash2 with layer 0 sliding (window 4): ORT-GenAI 0.18 exports DFlash2 only so."""
+    """The tiny DFlash2 with every layer sliding (window 4): ORT-GenAI 0.18 runs DFlash2 only so."""
     import shutil
 
     dst = tmp_path_factory.mktemp("dflash2-sliding")
     shutil.copytree(ASSETS / "dflash2", dst, dirs_exist_ok=True)
     cfg = json.loads((dst / "config.json").read_text())
-    cfg.update(layer_types=["sliding_attention", "full_attention"], sliding_window=4, use_sliding_window=True)
+    cfg.update(layer_types=["sliding_attention"] * cfg["num_hidden_layers"], sliding_window=4, use_sliding_window=True)
     (dst / "config.json").write_text(json.dumps(cfg))
     return dst
 

@@ -143,14 +143,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
     t.set_defaults(func=cmd_train)
     e = sub.add_parser("export", help="export target + drafter for another runtime",
-                       description="Export the target and a DSpark/DFlash2 drafter as ONNX graphs with the "
-                       "ORT-GenAI candidate-lattice contract and a genai_config.json. Needs the onnx extra.")
+                       description="Export the target and a DSpark/DFlash2 drafter as an ONNX Runtime GenAI 0.18 "
+                       "model directory (its paged contract, plain ONNX ops: og.Engine runs it on the CPU "
+                       "provider, and so does `generate --onnx`). Needs the onnx extra.")
     e.add_argument("format", choices=["onnx"])
     e.add_argument("--target", help="HF target directory (default: SmolLM2-135M-Instruct)")
     e.add_argument("--drafter", required=True, help="drafter directory, or dspark for the default target's")
     e.add_argument("--out", required=True)
     e.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     e.add_argument("--top-k", type=int, help="lattice candidates per slot (default 8; dflash2: its selector_top_k)")
+    e.add_argument("--page-size", type=int, default=32, help="KV page in tokens (engine.dynamic_batching.block_size)")
+    e.add_argument("--max-batch-size", type=int, default=8, help="og.Engine's requests in flight")
+    e.add_argument("--kv-tokens", type=int, default=16384, help="og.Engine's KV pool, in tokens")
     e.set_defaults(func=cmd_export)
 
     b = sub.add_parser("bench", help="AR vs DFlash vs DSpark vs HF generate on held-out prompt sets",
@@ -194,7 +198,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         target = smollm2_dir()
     else:
         target = args.target
-    out = export_onnx(target, resolve_drafter_dir(args.target, args.drafter), args.out, args.dtype, args.top_k)
+    out = export_onnx(target, resolve_drafter_dir(args.target, args.drafter), args.out, args.dtype, args.top_k,
+                      page_size=args.page_size, max_batch_size=args.max_batch_size, kv_tokens=args.kv_tokens)
     print(json.dumps({"out": str(out), "files": sorted(p.name for p in out.iterdir())}))
     return 0
 

@@ -249,6 +249,8 @@ def test_export_refuses_what_the_contract_cannot_hold(tmp_path, tmp_path_factory
     sliding = _drafter_dir(tmp_path_factory, "dflash2", "sliding")
     with pytest.raises(ConfigError, match="selector_top_k=4"):
         export_onnx(TARGET, sliding, tmp_path / "b", top_k=6)
+    with pytest.raises(ConfigError, match="--page-size must be a positive integer, got 0"):
+        export_onnx(TARGET, ASSETS / "dspark", tmp_path / "c", page_size=0)
     with pytest.raises(BlockdraftError, match="missing file"):
         export_onnx(TARGET, tmp_path / "nope", tmp_path / "c")
     assert not any(p.name.startswith(("a", "b", "c")) for p in tmp_path.iterdir())
@@ -299,3 +301,33 @@ def test_onnxruntime_genai_parses_the_genai_config(exported):
     (bad / "genai_config.json").write_text(json.dumps(runtime))
     with pytest.raises(Exception, match="Unknown value"):         # the check is not vacuous
         og.Config(str(bad))
+
+
+@pytest.mark.slow
+def test_og_engine_runs_the_default_model_export(tmp_path):
+    """The default model (SmolLM2-135M, Llama) with its shipped DSpark drafter (pruned vocabulary,
+    last layer tapped at layer_output): og.Engine on the CPU provider decodes two chat prompts at
+    once, greedy tokens equal blockdraft's plain decoding in the export's numerics (fp32), and it
+    drafts and accepts exactly what blockdraft's backend does on the same export."""
+    from blockdraft.bench.prompt_sets import load_set
+    from blockdraft.default_model import smollm2_dir
+    from blockdraft.llm import DEFAULT_DRAFTERS
+    from blockdraft.tokenizer import Tokenizer
+
+    out = export_onnx(smollm2_dir(), DEFAULT_DRAFTERS["dspark"], tmp_path / "smollm2", "fp32")
+    tok = Tokenizer(smollm2_dir())
+    prompts = [tok.encode_chat([{"role": "user", "content": t}]) for t in load_set("chat", 2)]
+    max_new = 24
+    tokens, stats = og_engine_generate(out, prompts, max_new)
+    target = load_target(smollm2_dir(), "float32")
+    stop = StopCriteria(eos_ids=frozenset({tok.eos_token_id}))
+    ours = OnnxBackend(out)
+    accepted = 0
+    for prompt, got in zip(prompts, tokens):
+        params = SamplingParams(max_tokens=max_new)
+        ref = generate_one(target, prompt, params, None, stop).token_ids
+        assert got == ref
+        gen = lattice_generate(ours, prompt, params, stop)
+        assert gen.token_ids == ref
+        accepted += sum(n - 1 for n in gen.acceptance_lengths)
+    assert stats["draft_tokens_proposed"] > 0 and stats["draft_tokens_accepted"] == accepted

@@ -46,6 +46,9 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
     block_size; static in the drafter graph), `max_batch_size` and `kv_tokens` size og.Engine's pools."""
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype must be fp32 or bf16, got {dtype!r}")
+    for name, value in (("page-size", page_size), ("max-batch-size", max_batch_size), ("kv-tokens", kv_tokens)):
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"--{name} must be a positive integer, got {value!r}")
     # bf16: weights are stored in bf16 and cast to fp32 where used — onnxruntime's CPU provider has
     # no bf16 MatMul/Gemm kernels, so compute, caches and I/O stay fp32 (edge math is fp32 anyway)
     weights_bf16 = DTYPES[dtype] == torch.bfloat16
