@@ -1,15 +1,15 @@
 """Every surface agrees with the others and with the single-sequence oracle (`decode.generate_one`):
 `generate`, `generate --tp 2`, `bench`, the HTTP server (official openai client) and
-`LLM.generate` all run the engine's one step, and `generate --onnx` the lattice loop; each gives
+`LLM.generate` all run the engine's one step (`generate --onnx` with onnxruntime behind it); each gives
 the same tokens and per-step acceptance lengths for the same prompt — AR, DFlash, DFlash2 and
 DSpark, greedy and seeded sampling, full draft width (the adaptive width changes acceptance
 lengths, never tokens).
 
 ONNX runs the drafter kinds it exports (DSpark, DFlash2 with a sliding window). Its greedy walk
 equals the engine (the lattice's candidates hold the full-vocabulary chain). Seeded, it equals the
-torch lattice backend at the same K, not the engine: DSpark samples from the K candidates the
-lattice holds, and near the token budget the lattice loop drafts DFlash2's full block and
-truncates (as ONNX Runtime GenAI does) where the engine shrinks the block (as z-lab's
+torch lattice backend at the same K, not the torch drafter: DSpark samples from the K candidates the
+lattice holds, and near the token budget the graph drafts DFlash2's full block and the walk
+truncates it (as ONNX Runtime GenAI does) where the torch drafter shrinks the block (as z-lab's
 dflash_generate does, which the goldens pin), so the sampled walks draw differently there.
 """
 
@@ -116,7 +116,7 @@ def test_generate_onnx_equals_the_engine(capsys, exports, target, kind, mode):
     folder, drafter_dir = exports[kind]
     drafter = load_drafter(drafter_dir, target)
     args = ["generate", "--onnx", str(folder), "--prompt-ids", ",".join(map(str, PROMPT)),
-            "--max-new-tokens", str(TOKENS), "--ignore-eos", "--json"]
+            "--max-new-tokens", str(TOKENS), "--ignore-eos", "--json", "--no-adaptive-speculation"]
     for key, value in MODES[mode].items():
         args += [f"--{key}", str(value)]
     assert main(args) == 0

@@ -476,15 +476,12 @@ def _sampling_params(args: argparse.Namespace):
 
 
 def _generate_onnx(args: argparse.Namespace) -> int:
-    """`generate --onnx DIR`: the exported graphs on onnxruntime, same loop and output as the torch path."""
+    """`generate --onnx DIR`: the engine's step with the exported graphs on onnxruntime."""
     from pathlib import Path
 
-    from .engine.admission import check_prompt
+    from .engine.onnx_runner import onnx_engine
     from .errors import RequestError
-    from .export.runtime import OnnxBackend
-    from .lattice_decode import lattice_generate
     from .llm import LLM
-    from .sampling.stops import StopCriteria
     from .tokenizer import Tokenizer
 
     for flag in ("target", "drafter", "mode", "block_size"):
@@ -492,7 +489,6 @@ def _generate_onnx(args: argparse.Namespace) -> int:
             raise RequestError(f"--onnx runs the exported graphs; --{flag.replace('_', '-')} does not apply")
     if args.quantization not in ("none", "auto"):
         raise RequestError("--onnx runs the exported graphs in their own numerics; --quantization does not apply")
-    backend = OnnxBackend(args.onnx)
     folder = Path(args.onnx)
     tok = Tokenizer(folder) if (folder / "tokenizer.json").is_file() else None
     if args.prompt is not None and tok is None:
@@ -502,14 +498,12 @@ def _generate_onnx(args: argparse.Namespace) -> int:
         prompt = tok.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else tok.encode(args.prompt)
     else:
         prompt = args.prompt_ids
-    check_prompt(prompt, params, backend.vocab_size, backend.context_length)
-    eos = set() if params.ignore_eos else set(backend.eos_token_ids) | (
-        {tok.eos_token_id} if tok is not None and tok.eos_token_id is not None else set())
-    stop = StopCriteria(eos_ids=frozenset(eos), stop_strings=tuple(params.stop or ()),
-                        decode=tok.decode if tok is not None else None)
-    out = lattice_generate(backend, prompt, params, stop)
-    text = LLM._text(out.token_ids, params, tok.decode if tok is not None else None)
-    _print_generation(args, out, text, backend.kind, {"backend": "onnxruntime"})
+    decode = tok.decode if tok is not None else None
+    eos = frozenset({tok.eos_token_id}) if tok is not None and tok.eos_token_id is not None else frozenset()
+    engine = onnx_engine(folder, 1, eos, decode, args.adaptive_speculation, args.num_speculative_tokens)
+    out = engine.generate([prompt], params)[0]             # admission checks the request first
+    _print_generation(args, out, LLM._text(out.token_ids, params, decode), engine.models.kind,
+                      {"backend": "onnxruntime"})
     return 0
 
 

@@ -114,6 +114,24 @@ def test_end_to_end_tokens_and_acceptance_equal_torch(exported, temperature):
             assert a.token_ids == generate_one(torch_backend.target, prompt, params, None, stop).token_ids
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_engine_runs_the_export_batched(exported, temperature):
+    """The engine's step with onnxruntime behind it (`generate --onnx`): four requests at once over the
+    engine's own block tables (pools start as NaN) equal the single-sequence lattice loop on the same
+    export — tokens and acceptance lengths, greedy and seeded."""
+    from blockdraft.engine.onnx_runner import onnx_engine
+
+    out, _, _ = exported
+    stop = StopCriteria(eos_ids=frozenset({127}))
+    engine = onnx_engine(out, max_batch=4, eos_ids=frozenset({127}), adaptive_speculation=False,
+                         pool_fill=float("nan"))
+    params = [SamplingParams(max_tokens=40, temperature=temperature, seed=i) for i in range(len(PROMPTS))]
+    single = OnnxBackend(out)
+    for prompt, p, got in zip(PROMPTS, params, engine.generate(PROMPTS, params)):
+        ref = lattice_generate(single, prompt, p, stop)
+        assert (got.token_ids, got.acceptance_lengths) == (ref.token_ids, ref.acceptance_lengths)
+
+
 def test_og_engine_runs_the_export_on_cpu(exported):
     """ONNX Runtime GenAI 0.18's own Engine loads the export on the CPU provider and decodes all prompts
     batched: greedy tokens equal blockdraft's plain decoding, and its speculative counters equal
@@ -262,7 +280,7 @@ def test_cli_export_and_generate_onnx_match_torch(tmp_path, capsys):
                  str(out)]) == 0
     capsys.readouterr()
     assert main(["generate", "--onnx", str(out), "--prompt-ids", "5,6,7,8", "--max-new-tokens", "24",
-                 "--ignore-eos", "--json"]) == 0
+                 "--ignore-eos", "--json", "--no-adaptive-speculation"]) == 0
     got = json.loads(capsys.readouterr().out)
     target = load_target(TARGET, "float32")
     ref = lattice_generate(TorchLatticeBackend(target, load_drafter(ASSETS / "dspark", target)), [5, 6, 7, 8],
@@ -271,6 +289,8 @@ def test_cli_export_and_generate_onnx_match_torch(tmp_path, capsys):
     assert got["backend"] == "onnxruntime" and set(got["timing"]) >= {"prefill_s", "decode_s", "tokens_per_s"}
     assert main(["generate", "--onnx", str(out), "--target", str(TARGET), "--prompt-ids", "1"]) == 2
     assert "--target does not apply" in capsys.readouterr().err
+    assert main(["generate", "--onnx", str(out), "--prompt-ids", "5,999"]) == 2          # before any work
+    assert "prompt token ids [999] outside the vocabulary [0, 128)" in capsys.readouterr().err
 
 
 def test_bf16_export_stores_bf16_weights_and_agrees(tmp_path):

@@ -14,6 +14,8 @@ since they end up as tensor shapes.
 
 from __future__ import annotations
 
+import torch
+
 from dataclasses import dataclass
 
 from ..errors import ConfigError
@@ -43,7 +45,7 @@ class KVGeometry:
     def of(cls, cfg, model, num_layers: int | None = None) -> "KVGeometry":
         """The KV geometry of a target or drafter (or of `num_layers` of its layers) in its loaded dtype."""
         return cls(cfg.num_layers if num_layers is None else num_layers, cfg.num_kv_heads, cfg.head_dim,
-                   next(model.parameters()).element_size())
+                   torch.empty((), dtype=model.dtype).element_size())
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ who decodes with how many drafts (allocating k+1 slots each, preempting the youn
 the pool is dry); the runner does one batched prefill and one batched propose → verify →
 accept; the scheduler applies the results (commit, stops, budgets, drafter context, prefix
 cache, finished requests). generate, serve, bench, LLM, tensor-parallel ranks, held-out
-evaluation and teacher data run this step; `generate --onnx` still runs the lattice loop
-(`lattice_decode.py`) until onnxruntime sits behind the runner as a backend.
+evaluation and teacher data run this step, and `generate --onnx` runs it with onnxruntime behind
+the runner (`onnx_runner.py`).
 """
 
 from __future__ import annotations
@@ -76,7 +76,10 @@ class RequestOutput(Rates):
 
 class LLMEngine:
     def __init__(self, target: TargetModel, drafter: BlockDrafter | None = None,
-                 config: EngineConfig | None = None, eos_ids: frozenset[int] = frozenset(), decode=None):
+                 config: EngineConfig | None = None, eos_ids: frozenset[int] = frozenset(), decode=None,
+                 runner=None):
+        """`runner(plan)` builds another backend's runner over the cache plan (`onnx_runner.py`);
+        by default the torch modules run on paged pools allocated here."""
         self.config = config or EngineConfig()
         self.target, self.drafter = target, drafter
         tc = target.config
@@ -102,6 +105,21 @@ class LLMEngine:
                                           drafter.config.block_size if drafter is not None else 0, ring_geo)
         n, bs = self.plan.num_blocks, self.plan.page_size
         self.blocks = BlockManager(n, bs, prefix_caching)
+        if runner is not None:
+            self.runner = runner(self.plan)
+        else:
+            self.runner = self._torch_runner(target, drafter, full_layers, ring_layers, window)
+        self.policy = DraftWidthPolicy(self.lookahead, self.config.adaptive_speculation)
+        self.stats = EngineStats(blocks_total=n, blocks_free=n)
+        self.scheduler = Scheduler(self.blocks, self.config.max_batch, self.lookahead, self.config.prefill_chunk,
+                                   self.policy, self.stats, eos_ids, decode, drafter is not None,
+                                   getattr(self.runner, "ring", None))
+        self.seqs: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+
+    def _torch_runner(self, target, drafter, full_layers, ring_layers, window) -> ModelRunner:
+        """The torch modules' runner, with the paged pools (and a drafter ring) the plan sizes."""
+        n, bs, tc = self.plan.num_blocks, self.plan.page_size, target.config
         target_pool = PagedKVPool(list(range(tc.num_layers)), n, bs, tc.num_kv_heads, tc.head_dim, target.dtype,
                                   target.device)
         drafter_pool = ring = None
@@ -112,14 +130,7 @@ class LLMEngine:
             if ring_layers:
                 ring = DrafterRing(ring_layers, self.config.max_batch, window, dc.block_size, dc.num_kv_heads,
                                    dc.head_dim, drafter.dtype, target.device)
-        self.runner = ModelRunner(target, drafter, target_pool, drafter_pool, self.config.confidence_threshold,
-                                  ring)
-        self.policy = DraftWidthPolicy(self.lookahead, self.config.adaptive_speculation)
-        self.stats = EngineStats(blocks_total=n, blocks_free=n)
-        self.scheduler = Scheduler(self.blocks, self.config.max_batch, self.lookahead, self.config.prefill_chunk,
-                                   self.policy, self.stats, eos_ids, decode, drafter is not None, ring)
-        self.seqs: dict[str, Sequence] = {}
-        self._ids = itertools.count()
+        return ModelRunner(target, drafter, target_pool, drafter_pool, self.config.confidence_threshold, ring)
 
     @property
     def eos_ids(self) -> frozenset[int]:

@@ -45,6 +45,22 @@ class StepOutputs:
     decode_s: float = 0.0      # wall time of the decode half (what the width policy learns from)
 
 
+def verify(seq: Sequence, block: list[int], logits: torch.Tensor, argmax: list[int], draft_q: torch.Tensor | None,
+           taps: torch.Tensor | None, written: int) -> SeqOutput:
+    """One sequence's verify: block [anchor, drafts...], the target's logits [len(block), V] over it (and
+    their argmax) -> accepted drafts + correction/bonus (greedy prefix match, or rejection sampling
+    against the draft distribution `draft_q` [n, V] with the sequence's own generator)."""
+    if seq.params.greedy:
+        accepted, nxt = greedy_accept_ids(block[1:], argmax)
+    else:
+        d = torch.tensor(block[1:], dtype=torch.long, device=logits.device)
+        target_probs = sampling_probs(logits, seq.params)
+        q = draft_q if draft_q is not None else target_probs[:0]
+        accepted, nxt = rejection_accept(d, q, target_probs, seq.generator)
+    return SeqOutput(block[1:1 + accepted] + [nxt], context=written, drafted=len(block) - 1, accepted=accepted,
+                     taps=taps)
+
+
 class ModelRunner:
     def __init__(self, target: TargetModel, drafter: BlockDrafter | None, target_pool: PagedKVPool,
                  drafter_pool: PagedKVPool | None, confidence_threshold: float = 0.0, ring=None):
@@ -104,21 +120,10 @@ class ModelRunner:
         blocks = [[s.tokens[-1]] + d for s, d in zip(seqs, [p[0] for p in drafts])]
         step = PagedStep(self.target_pool, tables, starts, [len(b) for b in blocks])
         out = self.target(self._ids(blocks), step, self.taps)      # logits [b, 1 + max n, V]
-        results = []
         target_argmax = out.logits.argmax(-1).tolist()              # [b, 1 + max n]
-        for i, (s, block) in enumerate(zip(seqs, blocks)):
-            logits = out.logits[i, :len(block)]
-            if s.params.greedy:
-                accepted, nxt = greedy_accept_ids(block[1:], target_argmax[i])
-            else:
-                d = torch.tensor(block[1:], dtype=torch.long, device=device)
-                target_probs = sampling_probs(logits, s.params)
-                q = drafts[i][1] if drafts[i][1] is not None else target_probs[:0]
-                accepted, nxt = rejection_accept(d, q, target_probs, s.generator)
-            taps = out.taps[i:i + 1, :len(block)] if self.drafter is not None else None
-            results.append(SeqOutput(block[1:1 + accepted] + [nxt], context=written[i], drafted=len(block) - 1,
-                                     accepted=accepted, taps=taps))
-        return results
+        return [verify(s, block, out.logits[i, :len(block)], target_argmax[i], drafts[i][1],
+                       out.taps[i:i + 1, :len(block)] if self.drafter is not None else None, written[i])
+                for i, (s, block) in enumerate(zip(seqs, blocks))]
 
     def _propose(self, seqs, tables, starts, anchors, n_drafts) -> list[tuple[list[int], torch.Tensor | None]]:
         if self.drafter is None or max(n_drafts) == 0:

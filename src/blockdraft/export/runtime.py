@@ -90,21 +90,41 @@ class _Graph:
         return [v.numpy() for v in self.io.get_outputs()[len(self.pools):]]
 
 
-def _metadata(past: int, rows: int, page: int) -> dict[str, np.ndarray]:
-    """One request with `past` committed rows and `rows` new ones, its pages the pool's first blocks."""
-    total = past + rows
-    return {"cumulative_sequence_lengths": np.array([0, rows], np.int32),
-            "past_sequence_lengths": np.array([past], np.int32),
-            "block_table": np.arange(-(-total // page), dtype=np.int32)[None],
-            "attention_metadata": np.array([rows, total, total], np.int32)}
+def packed_metadata(pasts: list[int], rows: list[int], tables: list[list[int]]) -> dict[str, np.ndarray]:
+    """The contract's sequence metadata for requests with `pasts[i]` committed rows, `rows[i]` new ones
+    and pages `tables[i]` (padded with -1 to the longest)."""
+    width = max(len(t) for t in tables)
+    totals = [p + r for p, r in zip(pasts, rows)]
+    return {"cumulative_sequence_lengths": np.cumsum([0, *rows], dtype=np.int32),
+            "past_sequence_lengths": np.array(pasts, np.int32),
+            "block_table": np.array([t + [-1] * (width - len(t)) for t in tables], np.int32),
+            "attention_metadata": np.array([max(rows), max(totals), min(totals)], np.int32)}
 
 
-class OnnxBackend:
-    """An export directory's target and drafter graphs as a `lattice_decode.LatticeBackend`."""
+def drafter_rows(contexts: list[int], blocks: list[bool], block_size: int) -> dict[str, np.ndarray]:
+    """og.Engine's packed drafter stream: per request its `contexts[i]` new context rows, then its
+    block (when `blocks[i]`). -> q_row_map, qkv_row_map, block_row_index."""
+    n_block_rows = block_size * sum(blocks)
+    q_rows, qkv_rows, block_rows = [], [], []
+    ctx = slot = packed = 0
+    for c, has_block in zip(contexts, blocks):
+        q_rows += [slot * block_size if has_block else 0] * c
+        qkv_rows += range(n_block_rows + ctx, n_block_rows + ctx + c)
+        ctx, packed = ctx + c, packed + c
+        if has_block:
+            q_rows += range(slot * block_size, (slot + 1) * block_size)
+            qkv_rows += range(slot * block_size, (slot + 1) * block_size)
+            block_rows += range(packed, packed + block_size)
+            slot, packed = slot + 1, packed + block_size
+    return {"q_rows": np.array(q_rows, np.int32), "qkv_rows": np.array(qkv_rows, np.int32),
+            "block_rows": np.array(block_rows, np.int32)}
 
-    def __init__(self, folder: str | Path, threads: int | None = None, capacity: int = 4096, pool_fill: float = 0.0):
-        """`capacity`: the longest sequence (tokens) the pools hold; `pool_fill`: what unwritten pages
-        hold (a test fills them with NaN: the graphs must never let them through)."""
+
+class OnnxModels:
+    """An export directory's two graphs, contract-checked, over pools of pages the caller sizes
+    (`allocate`): one call runs every scheduled request (packed rows, block tables)."""
+
+    def __init__(self, folder: str | Path, threads: int | None = None):
         try:
             import onnxruntime as ort
         except ImportError:
@@ -127,7 +147,8 @@ class OnnxBackend:
         self.eos_token_ids = list(eos) if isinstance(eos, list) else [eos]
         self.page = int(_field(_field(_field(runtime, "engine", ""), "dynamic_batching", "engine"),
                                "block_size", "engine.dynamic_batching"))
-        self.context_length = min(int(_field(model, "context_length", "model")), capacity)
+        self.context_length = int(_field(model, "context_length", "model"))
+        self.dims = {"decoder": dec, self.kind: drf}
         want_n = self.block_size if self.kind == "dspark" else self.block_size - 1
         if self.num_draft_tokens != want_n:
             raise ContractError(f"{where}.num_draft_tokens={self.num_draft_tokens} but a {self.kind} block of "
@@ -142,16 +163,37 @@ class OnnxBackend:
                 raise ConfigError(f"missing file: {graph}")
             sessions[role] = ort.InferenceSession(str(graph), opts, providers=["CPUExecutionProvider"])
         try:
-            t_names, d_names, t_pools, d_pools = self._check_contract(sessions, dec, drf, where)
+            self._contract = self._check_contract(sessions, dec, drf, where)
         except KeyError as e:
             raise ContractError(f"genai_config.json: field {e.args[0]!r} is missing") from None
         except TypeError as e:
             raise ContractError(f"genai_config.json: a field has the wrong type ({e})") from None
-        pages = -(-self.context_length // self.page)
-        self.target = _Graph(sessions["decoder"], t_names, ["logits", "taps"], *t_pools, pages, self.page, pool_fill)
-        self.drafter = _Graph(sessions[self.kind], d_names, ["cand", "scores"], *d_pools, pages + 1, self.page,
-                              pool_fill)
-        self.reset()
+        self.sessions = sessions
+
+    def allocate(self, target_pages: int, drafter_pages: int, fill: float = 0.0) -> None:
+        """Pools of `target_pages` / `drafter_pages` pages; `fill`: what unwritten pages hold (a test
+        fills them with NaN: the graphs must never let them through)."""
+        t_names, d_names, t_pools, d_pools = self._contract
+        self.target = _Graph(self.sessions["decoder"], t_names, ["logits", "taps"], *t_pools, target_pages,
+                             self.page, fill)
+        self.drafter = _Graph(self.sessions[self.kind], d_names, ["cand", "scores"], *d_pools, drafter_pages,
+                              self.page, fill)
+
+    def run_target(self, ids: list[int], pasts: list[int], rows: list[int], tables: list[list[int]]):
+        """Packed ids of every request -> logits [T, V] fp32, taps [T, F]."""
+        feed = {"ids": np.array(ids, dtype=np.int64), **packed_metadata(pasts, rows, tables)}
+        logits, taps = self.target.run(feed)
+        return torch.from_numpy(logits), torch.from_numpy(np.asarray(taps, dtype=np.float32))
+
+    def run_drafter(self, taps: torch.Tensor, block_ids: list[int], pasts: list[int], contexts: list[int],
+                    blocks: list[bool], tables: list[list[int]]) -> Lattice:
+        """Context rows taps [C, F] (request by request), the blocks' ids (anchor, mask, ...) of the
+        requests with `blocks[i]` -> their lattices [NB, n, K] / [NB, n, K, K]."""
+        rows = [c + self.block_size * b for c, b in zip(contexts, blocks)]
+        feed = {"taps": taps.float().numpy(), "ids": np.array(block_ids, dtype=np.int64),
+                **drafter_rows(contexts, blocks, self.block_size), **packed_metadata(pasts, rows, tables)}
+        cand, scores = self.drafter.run(feed)
+        return Lattice(torch.from_numpy(cand).long(), torch.from_numpy(scores))
 
     def _check_contract(self, sessions, dec: dict, drf: dict, where: str):
         t_sess, d_sess = sessions["decoder"], sessions[self.kind]
@@ -182,6 +224,7 @@ class OnnxBackend:
         _check(graph_t, t_out, t_names["taps"], ("float32",), {}, 2)
         feat = t_out[t_names["taps"]].shape[1]
         _check(graph_d, d_in, d_names["taps"], ("float32",), {1: feat} if isinstance(feat, int) else {}, 2)
+        self.tap_width = d_in[d_names["taps"]].shape[1]
         for metas, names, heads, dim, graph, page in ((t_in, t_pools[0], t_heads, t_dim, graph_t, {}),
                                                        (t_out, t_pools[1], t_heads, t_dim, graph_t, {}),
                                                        (d_in, d_pools[0], d_heads, d_dim, graph_d, {1: self.page}),
@@ -193,6 +236,23 @@ class OnnxBackend:
         _check(graph_d, d_out, d_names["scores"], ("float32",), {1: n, 2: k, 3: k}, 4)
         return t_names, d_names, t_pools, d_pools
 
+
+
+class OnnxBackend(OnnxModels):
+    """One sequence at a time as a `lattice_decode.LatticeBackend`: its pages are the pools' first
+    blocks in order."""
+
+    def __init__(self, folder: str | Path, threads: int | None = None, capacity: int = 4096, pool_fill: float = 0.0):
+        """`capacity`: the longest sequence (tokens) the pools hold; `pool_fill`: see `allocate`."""
+        super().__init__(folder, threads)
+        self.context_length = min(self.context_length, capacity)
+        pages = -(-self.context_length // self.page)
+        self.allocate(pages, pages + 1, pool_fill)
+        self.reset()
+
+    def _table(self, total: int) -> list[int]:
+        return list(range(-(-total // self.page)))
+
     def reset(self) -> None:
         self.t_length = 0           # the pools keep stale rows; lengths say what is committed
         self.d_length = 0
@@ -200,23 +260,17 @@ class OnnxBackend:
     def target_step(self, ids: list[int], start: int):
         if start != self.t_length:
             raise RuntimeError(f"target cache holds {self.t_length} rows, step starts at {start}")
-        feed = {"ids": np.array(ids, dtype=np.int64), **_metadata(start, len(ids), self.page)}
-        logits, taps = self.target.run(feed)
-        return torch.from_numpy(logits), torch.from_numpy(np.asarray(taps, dtype=np.float32))
+        return self.run_target(ids, [start], [len(ids)], [self._table(start + len(ids))])
 
     def commit_target(self, length: int) -> None:
         """The first `length` rows are committed (rows past it are overwritten by later steps)."""
         self.t_length = length
 
     def draft(self, new_taps: torch.Tensor, new_start: int, block_ids: list[int]) -> Lattice:
-        """One request's packed stream: its t new context rows, then its block (og.Engine's layout)."""
         if new_start != self.d_length:
             raise RuntimeError(f"drafter context holds {self.d_length} rows, new rows start at {new_start}")
-        t, b = new_taps.shape[0], len(block_ids)
-        feed = {"taps": new_taps.float().numpy(), "ids": np.array(block_ids, dtype=np.int64),
-                "q_rows": np.array([0] * t + list(range(b)), np.int32),
-                "qkv_rows": np.array([b + r for r in range(t)] + list(range(b)), np.int32),
-                "block_rows": np.arange(t, t + b, dtype=np.int32), **_metadata(new_start, t + b, self.page)}
-        cand, scores = self.drafter.run(feed)
+        t = new_taps.shape[0]
+        lattice = self.run_drafter(new_taps, block_ids, [new_start], [t], [True],
+                                   [self._table(new_start + t + len(block_ids))])
         self.d_length = new_start + t
-        return Lattice(torch.from_numpy(cand).long(), torch.from_numpy(scores))
+        return lattice

@@ -1,0 +1,159 @@
+"""The engine's runner over an `export onnx` directory: onnxruntime behind the same step.
+
+The scheduler, block manager, width policy and verify are the engine's own; only the two model
+calls differ. The graphs read the engine's block tables as they are (og.Engine's packed layout:
+`export/runtime.py`), so one export serves og.Engine, this runner and the lattice loop.
+
+- prefill: one target call over every scheduled chunk; the chunk's taps wait as drafter context
+  (the drafter graph ingests context together with a block, as og.Engine feeds it).
+- decode: one drafter call with every sequence's pending context rows and a block for each
+  sequence that drafts -> a candidate lattice per block, walked with that sequence's sampling
+  parameters and generator; then one target call over all [anchor, drafts...] blocks and the
+  engine's `verify`.
+
+A block's scratch rows may lie past a sequence's allocated pages (the width policy may verify fewer
+drafts than a block holds): they go to spill pages, `ceil(B / page) + 1` per batch row, past the
+engine's pages in the drafter pool. Prefix caching is off: a page's drafter context is written
+lazily, so the scheduler cannot tell when another request may share it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from ..sampling.probs import pick
+from ..spec_decode.lattice import Lattice, walk
+from .runner import ModelRunner, SeqOutput, verify
+from .sequence import Sequence
+
+
+@dataclass(frozen=True)
+class GraphDims:
+    """What the engine reads of a model it does not hold in torch (its KV geometry and limits)."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int = 0
+    max_position_embeddings: int = 0
+    num_draft_tokens: int = 0
+    block_size: int = 0
+    kind: str = ""
+    sliding_window: int | None = None   # None: the graphs mask windows themselves over full pages
+
+    def layer_window(self, layer: int) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class GraphModel:
+    """A graph as the engine sees a model: dims, dtype, device (the CPU execution provider)."""
+
+    config: GraphDims
+    dtype: torch.dtype = torch.float32
+    device: torch.device = torch.device("cpu")
+
+
+def graph_models(models) -> tuple[GraphModel, GraphModel]:
+    """`export.runtime.OnnxModels` -> the target and drafter as the engine sizes them."""
+    dec, drf = models.dims["decoder"], models.dims[models.kind]
+    target = GraphDims(int(dec["num_hidden_layers"]), int(dec["num_key_value_heads"]), int(dec["head_size"]),
+                       models.vocab_size, models.context_length)
+    drafter = GraphDims(int(drf["num_hidden_layers"]), int(drf["num_key_value_heads"]), int(drf["head_size"]),
+                        models.vocab_size, models.context_length, models.num_draft_tokens, models.block_size,
+                        models.kind)
+    return GraphModel(target), GraphModel(drafter)
+
+
+class OnnxRunner(ModelRunner):
+    def __init__(self, models, num_blocks: int, max_batch: int, pool_fill: float = 0.0):
+        self.models, self.drafter = models, True
+        self.spill = -(-models.block_size // models.page) + 1
+        self.num_blocks = num_blocks
+        models.allocate(num_blocks, num_blocks + max_batch * self.spill, pool_fill)
+        # per sequence: [drafter context rows written, taps of prefilled rows not yet written]
+        self.context: weakref.WeakKeyDictionary[Sequence, list] = weakref.WeakKeyDictionary()
+
+    def prefill(self, seqs: list[Sequence], counts: list[int]) -> list[SeqOutput]:
+        starts = [s.num_computed for s in seqs]
+        ids = [t for s, a, c in zip(seqs, starts, counts) for t in s.tokens[a:a + c]]
+        logits, taps = self.models.run_target(ids, starts, counts, [s.block_table for s in seqs])
+        outs, row = [], 0
+        for s, a, c in zip(seqs, starts, counts):
+            state = self.context.get(s)
+            if state is None or a == 0:                 # a new (or preempted and recomputed) sequence
+                state = self.context[s] = [0, []]
+            state[1].append(taps[row:row + c])
+            row += c
+            done_fresh = a + c == s.prefill_end and not s.generated
+            outs.append(SeqOutput([int(pick(logits[row - 1], s.params, s.generator))] if done_fresh else [], a + c))
+        return outs
+
+    def decode(self, seqs: list[Sequence], n_drafts: list[int]) -> list[SeqOutput]:
+        written = [sum(t.shape[1] for t in s.pending_taps) for s in seqs] if max(n_drafts) > 0 else [0] * len(seqs)
+        drafts = self._propose(seqs, n_drafts) if max(n_drafts) > 0 else [([], None)] * len(seqs)
+        blocks = [[s.tokens[-1]] + d for s, (d, _) in zip(seqs, drafts)]
+        logits, taps = self.models.run_target([t for b in blocks for t in b], [len(s.tokens) - 1 for s in seqs],
+                                              [len(b) for b in blocks], [s.block_table for s in seqs])
+        argmax = logits.argmax(-1).tolist()
+        outs, row = [], 0
+        for i, (s, block) in enumerate(zip(seqs, blocks)):
+            rows = slice(row, row + len(block))
+            outs.append(verify(s, block, logits[rows], argmax[rows], drafts[i][1], taps[rows][None], written[i]))
+            row += len(block)
+        return outs
+
+    def _propose(self, seqs: list[Sequence], n_drafts: list[int]) -> list[tuple[list[int], torch.Tensor | None]]:
+        """One drafter call: every sequence's pending context rows, a block for each that drafts."""
+        m = self.models
+        rows, contexts, pasts, blocks, ids, tables = [], [], [], [], [], []
+        for i, (s, n) in enumerate(zip(seqs, n_drafts)):
+            state = self.context[s]
+            new = state[1] + [t[0] for t in s.pending_taps]
+            count = sum(r.shape[0] for r in new)
+            if state[0] + count != len(s.tokens) - 1:
+                raise RuntimeError(f"{s.request_id}: drafter context would end at {state[0] + count}, "
+                                   f"the anchor is at {len(s.tokens) - 1}")
+            rows += new
+            contexts.append(count)
+            pasts.append(state[0])
+            blocks.append(n > 0)
+            if n > 0:
+                ids += [s.tokens[-1]] + [m.mask_token_id] * (m.block_size - 1)
+            spill = range(self.num_blocks + i * self.spill, self.num_blocks + (i + 1) * self.spill)
+            tables.append(s.block_table + list(spill))
+            state[0], state[1] = state[0] + count, []
+        taps = torch.cat(rows) if rows else torch.zeros(0, m.tap_width)
+        lattice = m.run_drafter(taps, ids, pasts, contexts, blocks, tables)
+        out, k = [], 0
+        for s, n in zip(seqs, n_drafts):
+            if n == 0:
+                out.append(([], None))
+                continue
+            one = Lattice(lattice.candidate_ids[k:k + 1], lattice.scores[k:k + 1])
+            d, q = walk(one, s.params, s.generator, m.vocab_size)
+            out.append((d[0, :n].tolist(), None if q is None else q[0, :n]))
+            k += 1
+        return out
+
+
+def onnx_engine(folder, max_batch: int = 1, eos_ids: frozenset[int] = frozenset(), decode=None,
+                adaptive_speculation: bool = True, num_speculative_tokens: int | None = None,
+                threads: int | None = None, pool_fill: float = 0.0):
+    """An `LLMEngine` whose runner runs the export in `folder` with onnxruntime."""
+    from ..export.runtime import OnnxModels
+    from .engine import EngineConfig, LLMEngine, default_cache_budget
+
+    models = OnnxModels(folder, threads)
+    target, drafter = graph_models(models)
+    max_len = models.context_length
+    config = EngineConfig(max_batch=max_batch, prefix_caching=False, adaptive_speculation=adaptive_speculation,
+                          num_speculative_tokens=num_speculative_tokens,
+                          cache_budget_bytes=default_cache_budget(target, drafter, max_len, max_batch))
+    engine = LLMEngine(target, drafter, config, eos_ids | frozenset(models.eos_token_ids), decode,
+                       runner=lambda plan: OnnxRunner(models, plan.num_blocks, max_batch, pool_fill))
+    engine.models = models
+    return engine
