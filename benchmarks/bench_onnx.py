@@ -7,7 +7,8 @@ the shipped DSpark, fp32), and ORT-GenAI's own CPU builds of the same weights wi
 Side by side in one process, every repeat runs every mode over the same chat prompts (greedy):
   og_engine_dspark   og.Engine on the export, drafter on (batch b = b requests in flight at once)
   og_engine_plain    og.Engine on the same graphs with the drafter section removed (plain decoding)
-  blockdraft_dspark  blockdraft's onnxruntime backend on the export (one sequence at a time)
+  blockdraft_dspark  blockdraft's engine with onnxruntime behind it on the export (`generate --onnx`),
+                     width policy on (what it ships); blockdraft_dspark_full: every step the full block
   ortgenai_fp32/int4 og.Generator on ORT-GenAI's own builder output (`-p fp32|int4 -e cpu`)
 tokens/s = generated tokens (to EOS) / wall time, prefill included; medians over repeats; mean AL
 from og's `get_speculative_stats()` (accepted / rounds + 1) and from our per-step lengths.
@@ -32,8 +33,7 @@ from blockdraft.bench.prompt_sets import load_set
 from blockdraft.decode import generate_one
 from blockdraft.default_model import smollm2_dir
 from blockdraft.export.onnx_export import export_onnx
-from blockdraft.export.runtime import OnnxBackend
-from blockdraft.lattice_decode import lattice_generate
+from blockdraft.engine.onnx_runner import onnx_engine
 from blockdraft.llm import DEFAULT_DRAFTERS
 from blockdraft.loading import load_target
 from blockdraft.sampling.params import SamplingParams
@@ -140,7 +140,6 @@ def main() -> int:
     texts = load_set("chat", args.prompts)
     prompts = [tok.encode_chat([{"role": "user", "content": t}]) for t in texts]
     rendered = [tok.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
-    ours = OnnxBackend(export)
     stop = StopCriteria(eos_ids=frozenset(eos))
     params = SamplingParams(max_tokens=args.tokens)
 
@@ -150,7 +149,7 @@ def main() -> int:
     batches = [int(b) for b in args.batches.split(",")]
     results = {}
     for batch in batches:
-        modes = ["og_engine_dspark", "og_engine_plain", *(["blockdraft_dspark"] if batch == 1 else []),
+        modes = ["og_engine_dspark", "og_engine_plain", "blockdraft_dspark", "blockdraft_dspark_full",
                  *[m for m, d in builds.items() if d is not None]]
         rate = {m: [] for m in modes}
         info = {m: {} for m in modes}
@@ -161,13 +160,13 @@ def main() -> int:
                     seconds, outs, stats = og_engine(export, prompts, batch, args.tokens)
                 elif mode == "og_engine_plain":
                     seconds, outs, _ = og_engine(plain, prompts, batch, args.tokens)
-                elif mode == "blockdraft_dspark":
-                    t0, outs, lengths = time.perf_counter(), [], []
-                    for p in prompts:
-                        gen = lattice_generate(ours, p, params, stop)
-                        outs.append(gen.token_ids)
-                        lengths += gen.acceptance_lengths
+                elif mode.startswith("blockdraft_dspark"):
+                    engine = onnx_engine(export, batch, frozenset(eos), adaptive_speculation=not mode.endswith("full"))
+                    t0 = time.perf_counter()
+                    gens = engine.generate(prompts, params)
                     seconds = time.perf_counter() - t0
+                    outs = [g.token_ids for g in gens]
+                    lengths = [a for g in gens for a in g.acceptance_lengths]
                     info[mode]["mean_al"] = sum(lengths) / len(lengths)
                 else:
                     seconds, outs = og_generator(builds[mode], rendered, batch, args.tokens)

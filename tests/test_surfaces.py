@@ -22,7 +22,7 @@ from openai import OpenAI
 
 from blockdraft.cli import main
 from blockdraft.decode import generate_one
-from blockdraft.lattice_decode import TorchLatticeBackend, lattice_generate
+from lattice_oracle import TorchLatticeBackend, lattice_generate
 from blockdraft.llm import LLM
 from blockdraft.loading import load_drafter, load_target
 from blockdraft.sampling.params import SamplingParams

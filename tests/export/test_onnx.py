@@ -12,8 +12,7 @@ from blockdraft.cli import main
 from blockdraft.decode import generate_one
 from blockdraft.errors import BlockdraftError, ConfigError
 from blockdraft.export.onnx_export import export_onnx
-from blockdraft.export.runtime import OnnxBackend
-from blockdraft.lattice_decode import TorchLatticeBackend, lattice_generate
+from lattice_oracle import OnnxBackend, TorchLatticeBackend, lattice_generate
 from blockdraft.spec_decode.lattice import greedy_chain
 from blockdraft.loading import load_drafter, load_target
 from blockdraft.sampling.params import SamplingParams

@@ -187,7 +187,7 @@ def test_teacher_data_without_a_response_is_a_named_error(target, tmp_path):
 
 
 def test_lattice_backend_refuses_a_context_gap(target, drafters):
-    from blockdraft.lattice_decode import TorchLatticeBackend
+    from lattice_oracle import TorchLatticeBackend
 
     backend = TorchLatticeBackend(target, drafters["dspark"])
     taps = torch.zeros(3, 2 * target.config.hidden_size)

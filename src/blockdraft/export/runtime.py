@@ -1,14 +1,15 @@
-"""Run an export directory with onnxruntime (CPU) behind the lattice-backend interface.
+"""Run an export directory's graphs with onnxruntime (CPU), every scheduled request in one call.
 
-`OnnxBackend(dir)` reads the same genai_config.json og.Engine reads, opens both graphs and checks
+`OnnxModels(dir)` reads the same genai_config.json og.Engine reads, opens both graphs and checks
 the contract before anything runs: every input and output the JSON names exists with the dtype,
 rank and static sizes the contract fixes (packed int64 ids, int32 metadata, pools `[num_blocks,
 page, kv_heads, head_dim]` with the drafter's page = `engine.dynamic_batching.block_size`,
 int32 candidates `[batch, n, K]`, fp32 scores `[batch, n, K, K]`, equal tap widths). A mismatch
 is a `ContractError` naming the tensor, the field and both values.
 
-One sequence at a time: its pages are the pool's first blocks in order, and each pool is bound
-as both past and present, so the graphs write the new rows in place (as og.Engine runs them).
+Each pool is bound as both past and present, so the graphs write the new rows in place (as
+og.Engine runs them). The engine drives it (`engine/onnx_runner.py`); `tests/lattice_oracle.py`
+runs one sequence through it as the oracle.
 """
 
 from __future__ import annotations
@@ -237,40 +238,3 @@ class OnnxModels:
         return t_names, d_names, t_pools, d_pools
 
 
-
-class OnnxBackend(OnnxModels):
-    """One sequence at a time as a `lattice_decode.LatticeBackend`: its pages are the pools' first
-    blocks in order."""
-
-    def __init__(self, folder: str | Path, threads: int | None = None, capacity: int = 4096, pool_fill: float = 0.0):
-        """`capacity`: the longest sequence (tokens) the pools hold; `pool_fill`: see `allocate`."""
-        super().__init__(folder, threads)
-        self.context_length = min(self.context_length, capacity)
-        pages = -(-self.context_length // self.page)
-        self.allocate(pages, pages + 1, pool_fill)
-        self.reset()
-
-    def _table(self, total: int) -> list[int]:
-        return list(range(-(-total // self.page)))
-
-    def reset(self) -> None:
-        self.t_length = 0           # the pools keep stale rows; lengths say what is committed
-        self.d_length = 0
-
-    def target_step(self, ids: list[int], start: int):
-        if start != self.t_length:
-            raise RuntimeError(f"target cache holds {self.t_length} rows, step starts at {start}")
-        return self.run_target(ids, [start], [len(ids)], [self._table(start + len(ids))])
-
-    def commit_target(self, length: int) -> None:
-        """The first `length` rows are committed (rows past it are overwritten by later steps)."""
-        self.t_length = length
-
-    def draft(self, new_taps: torch.Tensor, new_start: int, block_ids: list[int]) -> Lattice:
-        if new_start != self.d_length:
-            raise RuntimeError(f"drafter context holds {self.d_length} rows, new rows start at {new_start}")
-        t = new_taps.shape[0]
-        lattice = self.run_drafter(new_taps, block_ids, [new_start], [t], [True],
-                                   [self._table(new_start + t + len(block_ids))])
-        self.d_length = new_start + t
-        return lattice

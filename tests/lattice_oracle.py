@@ -1,24 +1,25 @@
-"""One sequence through a lattice backend: prefill → (draft lattice → walk → verify → accept)*.
-
-The same loop drives the onnxruntime backend (`export/runtime.py`) and `TorchLatticeBackend`
-(blockdraft's own modules with the same graph semantics), so the two can be compared token
-for token. A backend holds the target and drafter caches; the loop tells it what is committed.
+"""Single-sequence oracles for the lattice backends: one sequence through prefill → (draft lattice →
+walk → verify → accept)*, over blockdraft's torch modules (`TorchLatticeBackend`, contiguous caches)
+or an export's graphs on onnxruntime (`OnnxBackend`, its pages the pools' first blocks in order).
+The engine runs the export batched (`engine/onnx_runner.py`); these pin what one sequence must give.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Protocol
 
 import torch
 
-from .decode import Generation, append_committed, verify_block
-from .models.drafter import BlockDrafter
-from .models.target import TargetModel
-from .sampling.params import SamplingParams
-from .sampling.probs import pick
-from .sampling.stops import StopCriteria
-from .spec_decode.lattice import Lattice, block_lattice, walk
+from blockdraft.decode import Generation, append_committed, verify_block
+from blockdraft.models.drafter import BlockDrafter
+from blockdraft.models.target import TargetModel
+from blockdraft.sampling.params import SamplingParams
+from blockdraft.sampling.probs import pick
+from blockdraft.sampling.stops import StopCriteria
+from blockdraft.export.runtime import OnnxModels
+from blockdraft.spec_decode.lattice import Lattice, block_lattice, walk
 
 
 class LatticeBackend(Protocol):
@@ -100,3 +101,41 @@ class TorchLatticeBackend:
         d.extend_context(new_taps[None], self.draft_cache)
         hidden = d.block_hidden_of(torch.tensor([block_ids]), self.draft_cache.context())
         return block_lattice(d, hidden, torch.tensor(block_ids[:1]), self.top_k)
+
+
+class OnnxBackend(OnnxModels):
+    """One sequence at a time as a `LatticeBackend`: its pages are the pools' first
+    blocks in order."""
+
+    def __init__(self, folder: str | Path, threads: int | None = None, capacity: int = 4096, pool_fill: float = 0.0):
+        """`capacity`: the longest sequence (tokens) the pools hold; `pool_fill`: see `allocate`."""
+        super().__init__(folder, threads)
+        self.context_length = min(self.context_length, capacity)
+        pages = -(-self.context_length // self.page)
+        self.allocate(pages, pages + 1, pool_fill)
+        self.reset()
+
+    def _table(self, total: int) -> list[int]:
+        return list(range(-(-total // self.page)))
+
+    def reset(self) -> None:
+        self.t_length = 0           # the pools keep stale rows; lengths say what is committed
+        self.d_length = 0
+
+    def target_step(self, ids: list[int], start: int):
+        if start != self.t_length:
+            raise RuntimeError(f"target cache holds {self.t_length} rows, step starts at {start}")
+        return self.run_target(ids, [start], [len(ids)], [self._table(start + len(ids))])
+
+    def commit_target(self, length: int) -> None:
+        """The first `length` rows are committed (rows past it are overwritten by later steps)."""
+        self.t_length = length
+
+    def draft(self, new_taps: torch.Tensor, new_start: int, block_ids: list[int]) -> Lattice:
+        if new_start != self.d_length:
+            raise RuntimeError(f"drafter context holds {self.d_length} rows, new rows start at {new_start}")
+        t = new_taps.shape[0]
+        lattice = self.run_drafter(new_taps, block_ids, [new_start], [t], [True],
+                                   [self._table(new_start + t + len(block_ids))])
+        self.d_length = new_start + t
+        return lattice
