@@ -2,14 +2,14 @@
 ONNX Runtime GenAI 0.18.0's own CPU builds of the same weights (fp32 and int4), batch 1 and 8.
 
     python benchmarks/bench_default_model.py [--prompts 8] [--tokens 64] [--repeats 2] [--batches 1,8]
-        [--ortgenai-venv ~/.cache/blockdraft/ref-venvs/ortgenai] [--threads 1]
+        [--threads 1]
 
 Every repeat runs every mode over the same chat prompts (bench chat set), greedy; tokens/s =
 generated tokens / wall time (prefill included, and tokens after EOS not counted). Ratios are
 taken within a repeat; the report keeps medians. ORT-GenAI models are built once with
 `python -m onnxruntime_genai.models.builder -i <converted SmolLM2> -o OUT -p fp32|int4 -e cpu`
-in their own venv (skipped when that venv is missing). Writes benchmarks/results/default_model.json
-and docs/default_model.png.
+and run in this process through og.Generator (the onnx extra; skipped when it is missing).
+Writes benchmarks/results/default_model.json and docs/default_model.png.
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,14 +34,6 @@ def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
     return tokens
 
 
-def build_ortgenai(venv: Path, src: Path, precision: str, cache: Path) -> Path:
-    out = cache / f"ortgenai-smollm2-{precision}"
-    if not (out / "genai_config.json").is_file():
-        subprocess.run([str(venv / "bin" / "python"), "-m", "onnxruntime_genai.models.builder", "-i", str(src),
-                        "-o", str(out), "-p", precision, "-e", "cpu"], check=True, stdout=subprocess.DEVNULL)
-    return out
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=8)
@@ -51,7 +41,6 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--ortgenai-venv", default=str(Path.home() / ".cache" / "blockdraft" / "ref-venvs" / "ortgenai"))
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-ortgenai", action="store_true")
     ap.add_argument("--quantizations", default="none,int4", help="our numerics: none (bf16) and weight-only schemes")
@@ -85,23 +74,23 @@ def main() -> int:
     hf = None if args.no_hf else HFBaseline(smollm2_dir(), torch.bfloat16, sorted(eos))
 
     ort = {}
-    venv = Path(args.ortgenai_venv)
-    prompt_file = Path(tempfile.mkdtemp()) / "prompts.json"
-    prompt_file.write_text(json.dumps(rendered))
-    if (venv / "bin" / "python").is_file() and not args.no_ortgenai:
-        cache = Path(os.environ.get("BLOCKDRAFT_CACHE", Path.home() / ".cache" / "blockdraft"))
-        for precision in ("int4", "fp32"):
-            ort[f"ortgenai_{precision}"] = build_ortgenai(venv, smollm2_dir(), precision, cache)
+    try:
+        import onnxruntime_genai  # noqa: F401  (the baseline needs it; skip cleanly without)
+
+        from blockdraft.bench import ortgenai
+    except ImportError:
+        print("no onnxruntime-genai (the onnx extra): skipping that baseline", file=sys.stderr)
     else:
-        print(f"no onnxruntime-genai venv at {venv}: skipping that baseline", file=sys.stderr)
+        if not args.no_ortgenai:
+            cache = Path(os.environ.get("BLOCKDRAFT_CACHE", Path.home() / ".cache" / "blockdraft"))
+            for precision in ("int4", "fp32"):
+                built = ortgenai.build(smollm2_dir(), precision, cache)
+                if built is not None:
+                    ort[f"ortgenai_{precision}"] = built
 
     def run_ort(model_dir: Path, batch: int) -> tuple[float, list[list[int]]]:
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-        res = subprocess.run([str(venv / "bin" / "python"), str(ROOT / "benchmarks" / "ortgenai_driver.py"),
-                              str(model_dir), str(prompt_file), str(batch), str(args.tokens)],
-                             check=True, capture_output=True, text=True, env=env)
-        out = json.loads(res.stdout)
-        return sum(out["seconds"]), [_until_eos(t, eos) for t in out["tokens"]]
+        seconds, outs = ortgenai.generator_generate(model_dir, rendered, batch, args.tokens)
+        return seconds, [_until_eos(t, eos) for t in outs]
 
     modes = [*ours, *([] if hf is None else ["hf"]), *ort]
     raw: dict = {}

@@ -12,7 +12,7 @@ Side by side in one process, every repeat runs every mode over the same chat pro
   ortgenai_fp32/int4 og.Generator on ORT-GenAI's own builder output (`-p fp32|int4 -e cpu`)
 tokens/s = generated tokens (to EOS) / wall time, prefill included; medians over repeats; mean AL
 from og's `get_speculative_stats()` (accepted / rounds + 1) and from our per-step lengths.
-Writes benchmarks/results/onnx.json and docs/onnx_engines.png.
+Writes benchmarks/results/onnx.json and docs/onnx_engines.png (the README's figures are in docs/onnx_engines.json).
 """
 
 from __future__ import annotations
@@ -22,13 +22,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
+from blockdraft.bench import ortgenai
 from blockdraft.bench.prompt_sets import load_set
 from blockdraft.decode import generate_one
 from blockdraft.default_model import smollm2_dir
@@ -49,67 +47,6 @@ def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
         if t in eos:
             return tokens[:i + 1]
     return tokens
-
-
-def og_engine(folder: Path, prompts: list[list[int]], batch: int, max_new: int) -> tuple[float, list, dict]:
-    """Greedy through og.Engine, `batch` requests in flight at a time -> (seconds, tokens, stats)."""
-    import onnxruntime_genai as og
-
-    config = og.Config(str(folder))
-    config.clear_providers()
-    engine = og.Engine(og.Model(config))
-    outs, t0 = [], time.perf_counter()
-    for lo in range(0, len(prompts), batch):
-        requests = []
-        for prompt in prompts[lo:lo + batch]:
-            request = engine.create_request()
-            options = og.TurnOptions(request)
-            options.set_max_generated_tokens(max_new)
-            options.set_do_sample(False)
-            request.begin_turn(np.array(prompt, dtype=np.int32), options)
-            requests.append(request)
-        tokens = {id(r): [] for r in requests}
-        events = engine.create_event_buffer(4096)
-        while engine.has_pending_requests():
-            for event in engine.run(events):
-                if int(event.flags) & int(og.EngineEventFlags.TOKEN):
-                    tokens[id(event.request)].append(int(event.token))
-        outs += [tokens[id(r)] for r in requests]
-    return time.perf_counter() - t0, outs, engine.get_speculative_stats()
-
-
-def og_generator(folder: Path, texts: list[str], batch: int, max_new: int) -> tuple[float, list]:
-    """Greedy through og.Generator over chat-templated texts (ORT-GenAI's own builds have no paged
-    inputs; its tokenizer pads a batch and the generator masks the padding)."""
-    import onnxruntime_genai as og
-
-    model = og.Model(str(folder))
-    tok = og.Tokenizer(model)
-    outs, t0 = [], time.perf_counter()
-    for lo in range(0, len(texts), batch):
-        group = texts[lo:lo + batch]
-        ids = tok.encode_batch(group)                                      # [batch, longest]
-        prefix = ids.shape()[1]
-        params = og.GeneratorParams(model)
-        params.set_search_options(do_sample=False, max_length=prefix + max_new, batch_size=len(group))
-        gen = og.Generator(model, params)
-        gen.append_tokens(ids)
-        while not gen.is_done():
-            gen.generate_next_token()
-        outs += [[int(t) for t in gen.get_sequence(i)[prefix:]] for i in range(len(group))]
-    return time.perf_counter() - t0, outs
-
-
-def ortgenai_build(precision: str) -> Path | None:
-    out = CACHE / f"ortgenai-smollm2-{precision}"
-    if not (out / "genai_config.json").is_file():
-        try:
-            subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(smollm2_dir()),
-                            "-o", str(out), "-p", precision, "-e", "cpu"], check=True, stdout=subprocess.DEVNULL)
-        except subprocess.CalledProcessError as e:
-            print(f"ORT-GenAI builder failed for {precision}: {e}", file=sys.stderr)
-            return None
-    return out
 
 
 def main() -> int:
@@ -134,7 +71,7 @@ def main() -> int:
         cfg.pop("speculative")
         (plain / "genai_config.json").unlink()
         (plain / "genai_config.json").write_text(json.dumps(cfg, indent=1))
-    builds = {f"ortgenai_{p}": ortgenai_build(p) for p in ("fp32", "int4")}
+    builds = {f"ortgenai_{p}": ortgenai.build(smollm2_dir(), p, CACHE) for p in ("fp32", "int4")}
     tok = Tokenizer(smollm2_dir())
     eos = {tok.eos_token_id}
     texts = load_set("chat", args.prompts)
@@ -157,9 +94,9 @@ def main() -> int:
             for mode in modes:
                 stats = None
                 if mode == "og_engine_dspark":
-                    seconds, outs, stats = og_engine(export, prompts, batch, args.tokens)
+                    seconds, outs, stats = ortgenai.engine_generate(export, prompts, args.tokens, batch)
                 elif mode == "og_engine_plain":
-                    seconds, outs, _ = og_engine(plain, prompts, batch, args.tokens)
+                    seconds, outs, _ = ortgenai.engine_generate(plain, prompts, args.tokens, batch)
                 elif mode.startswith("blockdraft_dspark"):
                     engine = onnx_engine(export, batch, frozenset(eos), adaptive_speculation=not mode.endswith("full"))
                     t0 = time.perf_counter()
@@ -169,7 +106,7 @@ def main() -> int:
                     lengths = [a for g in gens for a in g.acceptance_lengths]
                     info[mode]["mean_al"] = sum(lengths) / len(lengths)
                 else:
-                    seconds, outs = og_generator(builds[mode], rendered, batch, args.tokens)
+                    seconds, outs = ortgenai.generator_generate(builds[mode], rendered, batch, args.tokens)
                 outs = [_until_eos(o, eos) for o in outs]
                 rate[mode].append(sum(len(o) for o in outs) / seconds)
                 if stats is not None:

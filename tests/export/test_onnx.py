@@ -8,6 +8,7 @@ import onnx
 import pytest
 import torch
 
+from blockdraft.bench.ortgenai import engine_generate
 from blockdraft.cli import main
 from blockdraft.decode import generate_one
 from blockdraft.errors import BlockdraftError, ConfigError
@@ -51,30 +52,9 @@ def exported(request, tmp_path_factory):
 
 
 def og_engine_generate(folder, prompts: list[list[int]], max_new: int) -> tuple[list[list[int]], dict]:
-    """All prompts at once through ONNX Runtime GenAI 0.18's own og.Engine on the CPU provider (greedy):
-    the tokens per prompt and `get_speculative_stats()`."""
-    import numpy as np
-    import onnxruntime_genai as og
-
-    config = og.Config(str(folder))
-    config.clear_providers()                                  # the CPU execution provider
-    engine = og.Engine(og.Model(config))
-    requests = []
-    for prompt in prompts:
-        request = engine.create_request()
-        options = og.TurnOptions(request)
-        options.set_max_generated_tokens(max_new)
-        options.set_do_sample(False)
-        request.begin_turn(np.array(prompt, dtype=np.int32), options)
-        requests.append(request)
-    tokens = {id(r): [] for r in requests}
-    events = engine.create_event_buffer(1024)
-    while engine.has_pending_requests():
-        for event in engine.run(events):
-            assert int(event.error_code) == 0, event.error_code
-            if int(event.flags) & int(og.EngineEventFlags.TOKEN):
-                tokens[id(event.request)].append(int(event.token))
-    return [tokens[id(r)] for r in requests], engine.get_speculative_stats()
+    """All prompts at once through ONNX Runtime GenAI 0.18's own og.Engine on the CPU provider (greedy)."""
+    _, tokens, stats = engine_generate(folder, prompts, max_new)
+    return tokens, stats
 
 
 def test_lattice_outputs_match_torch(exported):

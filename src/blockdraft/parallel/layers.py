@@ -64,14 +64,18 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-class VocabParallelEmbedding(nn.Module):
-    """Rows [lo, hi) of the table; ids outside the shard contribute zeros, one all-reduce sums."""
+class _VocabRows(nn.Module):
+    """Rows [lo, hi) of a vocabulary-sized weight (this rank's shard)."""
 
-    def __init__(self, full: nn.Embedding, tp: TPGroup):
+    def __init__(self, full: nn.Module, tp: TPGroup):
         super().__init__()
         self.tp = tp
         self.lo, self.hi = tp.split(full.weight.shape[0])
         self.weight = nn.Parameter(full.weight.detach()[self.lo:self.hi].clone(), requires_grad=False)
+
+
+class VocabParallelEmbedding(_VocabRows):
+    """Rows [lo, hi) of the table; ids outside the shard contribute zeros, one all-reduce sums."""
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         inside = (ids >= self.lo) & (ids < self.hi)
@@ -79,14 +83,8 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_reduce(local * inside[..., None].to(local.dtype))
 
 
-class VocabParallelHead(nn.Module):
+class VocabParallelHead(_VocabRows):
     """LM head rows [lo, hi): `local` gives this rank's logit shard, `forward` the gathered full logits."""
-
-    def __init__(self, full: nn.Linear, tp: TPGroup):
-        super().__init__()
-        self.tp = tp
-        self.lo, self.hi = tp.split(full.weight.shape[0])
-        self.weight = nn.Parameter(full.weight.detach()[self.lo:self.hi].clone(), requires_grad=False)
 
     def local(self, x: torch.Tensor) -> torch.Tensor:
         return stable_linear(x, self.weight)
