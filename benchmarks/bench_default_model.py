@@ -27,13 +27,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    for i, t in enumerate(tokens):
-        if t in eos:
-            return tokens[:i + 1]
-    return tokens
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=8)
@@ -48,6 +41,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
 
     import blockdraft
+    from blockdraft.bench.ortgenai import until_eos
     from blockdraft.bench.prompt_sets import load_set
     from blockdraft.bench.run import HFBaseline
     from blockdraft.default_model import smollm2_dir
@@ -90,7 +84,7 @@ def main() -> int:
 
     def run_ort(model_dir: Path, batch: int) -> tuple[float, list[list[int]]]:
         seconds, outs = ortgenai.generator_generate(model_dir, rendered, batch, args.tokens)
-        return seconds, [_until_eos(t, eos) for t in outs]
+        return seconds, [until_eos(t, eos) for t in outs]
 
     modes = [*ours, *([] if hf is None else ["hf"]), *ort]
     raw: dict = {}
@@ -108,7 +102,7 @@ def main() -> int:
                                                                            sampling_params=params)]
                     seconds = time.perf_counter() - t0
                 elif mode == "hf":
-                    outs = [_until_eos(hf.generate(p, params), eos) for p in prompts]
+                    outs = [until_eos(hf.generate(p, params), eos) for p in prompts]
                     seconds = time.perf_counter() - t0
                 else:
                     seconds, outs = run_ort(ort[mode], batch)

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from blockdraft.bench import ortgenai
+from blockdraft.bench.ortgenai import until_eos
 from blockdraft.bench.prompt_sets import load_set
 from blockdraft.decode import generate_one
 from blockdraft.default_model import smollm2_dir
@@ -40,13 +41,6 @@ from blockdraft.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("BLOCKDRAFT_CACHE", Path.home() / ".cache" / "blockdraft"))
-
-
-def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    for i, t in enumerate(tokens):
-        if t in eos:
-            return tokens[:i + 1]
-    return tokens
 
 
 def main() -> int:
@@ -81,7 +75,7 @@ def main() -> int:
     params = SamplingParams(max_tokens=args.tokens)
 
     target = load_target(smollm2_dir(), "float32")            # the export's numerics
-    reference = [_until_eos(generate_one(target, p, params, None, stop).token_ids, eos) for p in prompts]
+    reference = [until_eos(generate_one(target, p, params, None, stop).token_ids, eos) for p in prompts]
     del target
     batches = [int(b) for b in args.batches.split(",")]
     results = {}
@@ -107,7 +101,7 @@ def main() -> int:
                     info[mode]["mean_al"] = sum(lengths) / len(lengths)
                 else:
                     seconds, outs = ortgenai.generator_generate(builds[mode], rendered, batch, args.tokens)
-                outs = [_until_eos(o, eos) for o in outs]
+                outs = [until_eos(o, eos) for o in outs]
                 rate[mode].append(sum(len(o) for o in outs) / seconds)
                 if stats is not None:
                     info[mode]["mean_al"] = stats["draft_tokens_accepted"] / max(1, stats["rounds"]) + 1

@@ -10,6 +10,14 @@ import time
 from pathlib import Path
 
 
+def until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """Generated ids cut after the first EOS (og.Generator keeps a batch row going until all stop)."""
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[:i + 1]
+    return tokens
+
+
 def build(src: Path, precision: str, cache: Path) -> Path | None:
     """`python -m onnxruntime_genai.models.builder -i SRC -o OUT -p fp32|int4 -e cpu`, once; None if it fails."""
     out = cache / f"ortgenai-smollm2-{precision}"
