@@ -10,6 +10,7 @@ import torch
 
 from blockdraft.bench.ortgenai import engine_generate
 from blockdraft.cli import main
+from blockdraft.engine.onnx_runner import onnx_engine
 from blockdraft.decode import generate_one
 from blockdraft.errors import BlockdraftError, ConfigError
 from blockdraft.export.onnx_export import export_onnx
@@ -98,8 +99,6 @@ def test_the_engine_runs_the_export_batched(exported, temperature):
     """The engine's step with onnxruntime behind it (`generate --onnx`): four requests at once over the
     engine's own block tables (pools start as NaN) equal the single-sequence lattice loop on the same
     export — tokens and acceptance lengths, greedy and seeded."""
-    from blockdraft.engine.onnx_runner import onnx_engine
-
     out, _, _ = exported
     stop = StopCriteria(eos_ids=frozenset({127}))
     engine = onnx_engine(out, max_batch=4, eos_ids=frozenset({127}), adaptive_speculation=False,
@@ -156,7 +155,8 @@ def test_full_vocab_lattice_equals_the_markov_chain_path(tmp_path):
 def test_default_k_follows_the_chain_when_the_markov_bias_dominates(tmp_path):
     """A DSpark drafter whose Markov bias moves the argmax out of the base top-8: the exported
     lattice still holds the greedy chain's token, so `generate --onnx` at the default K equals the
-    full-vocabulary torch path (generate_one), tokens and per-step acceptance lengths."""
+    full-vocabulary torch path (generate_one), tokens and per-step acceptance lengths — through the
+    single-sequence loop and through the engine (`generate --onnx`), three requests batched."""
     from safetensors.torch import load_file, save_file
 
     src, dst = ASSETS / "dspark", tmp_path / "bias"
@@ -168,12 +168,15 @@ def test_default_k_follows_the_chain_when_the_markov_bias_dominates(tmp_path):
     drafter = load_drafter(dst, target)
     out = export_onnx(TARGET, dst, tmp_path / "out", "fp32")                  # default K = 8
     backend, torch_k8 = OnnxBackend(out), TorchLatticeBackend(target, drafter)
+    engine = onnx_engine(out, max_batch=3, adaptive_speculation=False)          # `generate --onnx`
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    batched = engine.generate(PROMPTS[:3], params)
     moved = 0
-    for prompt in PROMPTS[:3]:
-        params = SamplingParams(max_tokens=30)
+    for prompt, from_engine in zip(PROMPTS[:3], batched):
         ref = generate_one(target, prompt, params, drafter)
         got = lattice_generate(backend, prompt, params)
         assert got.token_ids == ref.token_ids and got.acceptance_lengths == ref.acceptance_lengths
+        assert (from_engine.token_ids, from_engine.acceptance_lengths) == (ref.token_ids, ref.acceptance_lengths)
         assert lattice_generate(torch_k8, prompt, params).acceptance_lengths == ref.acceptance_lengths
         ids = target(torch.tensor([prompt]), tap_layers=drafter.config.taps)
         cache = drafter.new_cache()
