@@ -14,9 +14,9 @@ since they end up as tensor shapes.
 
 from __future__ import annotations
 
-import torch
-
 from dataclasses import dataclass
+
+import torch
 
 from ..errors import ConfigError
 

@@ -70,7 +70,7 @@ def graph_models(models) -> tuple[GraphModel, GraphModel]:
 
 class OnnxRunner(ModelRunner):
     def __init__(self, models, num_blocks: int, max_batch: int, pool_fill: float = 0.0):
-        self.models, self.drafter = models, True
+        self.models = models
         self.spill = -(-models.block_size // models.page) + 1
         self.num_blocks = num_blocks
         models.allocate(num_blocks, num_blocks + max_batch * self.spill, pool_fill)
