@@ -93,8 +93,10 @@ class OnnxRunner(ModelRunner):
         return outs
 
     def decode(self, seqs: list[Sequence], n_drafts: list[int]) -> list[SeqOutput]:
-        written = [sum(t.shape[1] for t in s.pending_taps) for s in seqs] if max(n_drafts) > 0 else [0] * len(seqs)
-        drafts = self._propose(seqs, n_drafts) if max(n_drafts) > 0 else [([], None)] * len(seqs)
+        if max(n_drafts) > 0:
+            drafts, written = self._propose(seqs, n_drafts)
+        else:                                   # pending context waits for a step that drafts
+            drafts, written = [([], None)] * len(seqs), [0] * len(seqs)
         blocks = [[s.tokens[-1]] + d for s, (d, _) in zip(seqs, drafts)]
         logits, taps = self.models.run_target([t for b in blocks for t in b], [len(s.tokens) - 1 for s in seqs],
                                               [len(b) for b in blocks], [s.block_table for s in seqs])
@@ -106,14 +108,17 @@ class OnnxRunner(ModelRunner):
             row += len(block)
         return outs
 
-    def _propose(self, seqs: list[Sequence], n_drafts: list[int]) -> list[tuple[list[int], torch.Tensor | None]]:
-        """One drafter call: every sequence's pending context rows, a block for each that drafts."""
+    def _propose(self, seqs: list[Sequence], n_drafts: list[int]):
+        """One drafter call: every sequence's pending context rows, a block for each that drafts.
+        -> per sequence (drafts, draft distribution or None), and the pending rows of earlier steps
+        written (`Sequence.pending_taps`, which the scheduler then clears)."""
         m = self.models
-        rows, contexts, pasts, blocks, ids, tables = [], [], [], [], [], []
+        rows, contexts, pasts, blocks, ids, tables, written = [], [], [], [], [], [], []
         for i, (s, n) in enumerate(zip(seqs, n_drafts)):
             state = self.context[s]
             new = state[1] + [t[0] for t in s.pending_taps]
             count = sum(r.shape[0] for r in new)
+            written.append(sum(t.shape[1] for t in s.pending_taps))
             if state[0] + count != len(s.tokens) - 1:
                 raise RuntimeError(f"{s.request_id}: drafter context would end at {state[0] + count}, "
                                    f"the anchor is at {len(s.tokens) - 1}")
@@ -137,7 +142,7 @@ class OnnxRunner(ModelRunner):
             d, q = walk(one, s.params, s.generator, m.vocab_size)
             out.append((d[0, :n].tolist(), None if q is None else q[0, :n]))
             k += 1
-        return out
+        return out, written
 
 
 def onnx_engine(folder, max_batch: int = 1, eos_ids: frozenset[int] = frozenset(), decode=None,

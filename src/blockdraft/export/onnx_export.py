@@ -29,6 +29,7 @@ import torch
 from ..errors import ConfigError
 from ..loading import load_drafter, load_target
 from .graphs import DrafterGraph, TargetGraph
+from .runtime import drafter_rows, packed_metadata
 
 LATTICE_KINDS = ("dspark", "dflash2")
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -79,10 +80,11 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
 
     t, d = target.config, cfg
     graph_name = f"{d.kind}.onnx"
-    meta = {"cumulative_sequence_lengths": torch.tensor([0, 3, 5], dtype=torch.int32),
-            "past_sequence_lengths": torch.tensor([0, 2], dtype=torch.int32),
-            "block_table": torch.tensor([[0, 1], [2, -1]], dtype=torch.int32),
-            "attention_metadata": torch.tensor([3, 4, 2], dtype=torch.int32)}
+    # example inputs: two requests, 3 new rows after 0 committed and 2 after 2 (pages [0, 1] and [2])
+    def example(rows):
+        return {k: torch.from_numpy(v) for k, v in packed_metadata([0, 2], rows, [[0, 1], [2]]).items()}
+
+    meta = example([3, 2])
     seq_axes = {"cumulative_sequence_lengths": {0: "batch_plus_1"}, "past_sequence_lengths": {0: "batch"},
                 "block_table": {0: "batch", 1: "max_blocks"}}
 
@@ -100,16 +102,13 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
     feat = len(cfg.taps.layers) * t.hidden_size
     d_in, d_out, d_pools, d_axes = pools(d.num_layers, d.num_kv_heads, d.head_dim)
     b = d.block_size
-    # two requests: 3 context rows + a block, then 2 context rows + a block (packed: ctx, block, ctx, block)
-    ctx_rows, blocks = 5, 2
-    qkv = [2 * b + 0, 2 * b + 1, 2 * b + 2, *range(b), 2 * b + 3, 2 * b + 4, *range(b, 2 * b)]
-    block_rows = [*range(3, 3 + b), *range(5 + b, 5 + 2 * b)]
-    d_meta = dict(meta, cumulative_sequence_lengths=torch.tensor([0, 3 + b, 5 + 2 * b], dtype=torch.int32))
-    ids = torch.full((blocks * b,), d.mask_token_id)
+    # the same two requests with 3 and 2 context rows, each followed by a block (og.Engine's packing)
+    maps = {k: torch.from_numpy(v) for k, v in drafter_rows([3, 2], [True, True], b).items()}
+    d_meta = example([3 + b, 2 + b])
+    ids = torch.full((2 * b,), d.mask_token_id)
     ids[::b] = torch.tensor([2, 3])
     _export(DrafterGraph(drafter, top_k),
-            (torch.zeros(ctx_rows, feat), ids, torch.zeros(len(qkv), dtype=torch.int32),
-             torch.tensor(qkv, dtype=torch.int32), torch.tensor(block_rows, dtype=torch.int32), *d_meta.values(),
+            (torch.zeros(5, feat), ids, maps["q_rows"], maps["qkv_rows"], maps["block_rows"], *d_meta.values(),
              *d_pools),
             tmp / graph_name, ["aux_hidden_states", "input_ids", "q_row_map", "qkv_row_map", "block_row_index",
                                *meta, *d_in], ["draft_candidate_ids", "draft_scores", *d_out],
