@@ -35,6 +35,9 @@ CACHE = Path(os.environ.get("BLOCKDRAFT_CACHE", Path.home() / ".cache" / "blockd
 TAPS = (1, 8, 15, 22, 29)
 LAYERS, BLOCK, MASK_ID, MARKOV_RANK, DRAFT_VOCAB = 2, 8, 16, 64, 12288
 KINDS = ("dflash", "dspark")
+# DSpark prunes its vocabulary (a cheap head); DFlash keeps the target's full vocabulary and LM head
+# (the z-lab layout, no lm_head/d2t stored): llama.cpp's DFlash converter knows no d2t.
+PRUNED = {"dflash": False, "dspark": True}
 CFG_FILE = CACHE / "run.json"
 CURVE_JSON = ROOT / "docs" / "drafter_curve.json"     # versioned: every published run extends it
 EVAL_SETS, EVAL_PROMPTS, EVAL_TOKENS = ("chat", "humaneval", "math"), 6, 96
@@ -76,19 +79,27 @@ def new_drafters(llm, seqs, eos_ids, layers=LAYERS):
 
     responses = [s.ids[s.response_start:].tolist() for s in seqs]
     vocab = choose_draft_vocab(token_counts(responses, llm.target.config.vocab_size), DRAFT_VOCAB, always=eos_ids)
-    return {kind: new_drafter_from_ids(llm, kind, vocab.ids, layers) for kind in KINDS}, vocab.summary()
+    return {kind: new_drafter_from_ids(llm, kind, vocab.ids if PRUNED[kind] else None, layers)
+            for kind in KINDS}, vocab.summary()
 
 
-def shipped_drafters(llm):
-    """The shipped drafters as fp32 training copies, and what they were trained on (steps, tokens seen)."""
+def shipped_drafters(llm, kinds=KINDS):
+    """The shipped drafters as fp32 training copies, and what they were trained on (steps, tokens seen).
+    A shipped drafter whose vocabulary layout differs from `PRUNED` keeps its body; its head becomes
+    the one `PRUNED` asks for (the target's, or the target's rows for the shipped draft ids)."""
     from blockdraft.loading import load_drafter
 
     drafters, prior = {}, None
-    for kind in KINDS:
+    for kind in kinds:
         shipped = load_drafter(ASSETS / kind, llm.target)
-        ids = shipped.to_target(torch.arange(shipped.config.draft_vocab_size))
-        d = new_drafter_from_ids(llm, kind, ids, shipped.config.num_layers)
-        d.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in shipped.state_dict().items()})
+        ids = shipped.to_target(torch.arange(shipped.config.output_vocab_size))
+        d = new_drafter_from_ids(llm, kind, ids if PRUNED[kind] else None, shipped.config.num_layers)
+        state = {k: v.float() if v.is_floating_point() else v for k, v in shipped.state_dict().items()}
+        if shipped.config.pruned_vocab != PRUNED[kind]:
+            state = {k: v for k, v in state.items() if k not in ("lm_head.weight", "d2t", "t2d")}
+            head = {"lm_head.weight", "d2t", "t2d"} & set(d.state_dict())
+            state.update({k: d.state_dict()[k] for k in head})
+        d.load_state_dict(state)
         drafters[kind] = d
         info = json.loads((ASSETS / kind / "training.json").read_text())
         run = info["run"]
@@ -114,10 +125,27 @@ def _prior(run: dict) -> tuple[int, float]:
 
 
 def new_drafter_from_ids(llm, kind, ids, layers=LAYERS):
+    """A new fp32 drafter (`ids`: its draft vocabulary; None = the target's). Training reads the target's
+    LM head through a frozen fp32 copy: the bf16 one runs multi-row products in row-invariant chunks of
+    16, which inference needs and training does not."""
     from blockdraft.checkpoints.publish import new_drafter
+    from blockdraft.models.drafter import SharedWeights
 
-    return new_drafter(llm.target, kind, layers, BLOCK, TAPS, MASK_ID, markov_rank=MARKOV_RANK,
-                       draft_vocab=ids).float()
+    d = new_drafter(llm.target, kind, layers, BLOCK, TAPS, MASK_ID, markov_rank=MARKOV_RANK, draft_vocab=ids).float()
+    d.shared = SharedWeights(d.shared.embed_tokens, _fp32_head(llm.target))
+    return d
+
+
+_HEADS = {}
+
+
+def _fp32_head(target) -> torch.nn.Linear:
+    if id(target) not in _HEADS:
+        w = target.lm_head.weight.detach().float()
+        head = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+        head.weight = torch.nn.Parameter(w, requires_grad=False)
+        _HEADS[id(target)] = head
+    return _HEADS[id(target)]
 
 
 def cmd_train(args) -> None:
@@ -135,14 +163,15 @@ def cmd_train(args) -> None:
             sys.exit(f"{CFG_FILE}: this run continues drafters of {run['prior']['steps']} steps, but the shipped "
                      f"ones changed since; move {CACHE} away to start a new run.")
     elif run is None and args.continue_shipped:
-        drafters, prior = shipped_drafters(llm)
-        shipped_layers = drafters["dspark"].config.num_layers
+        drafters, prior = shipped_drafters(llm, KINDS)
+        shipped_layers = next(iter(drafters.values())).config.num_layers
         if args.layers not in (None, shipped_layers):
             sys.exit(f"--layers {args.layers} with --continue-shipped: the shipped drafters have {shipped_layers} "
                      "layers; drop --continue-shipped to train new ones")
     else:      # a new run, or a resumed one (its own depth; the state then loads over these weights)
         layers = run.get("layers", LAYERS) if run is not None else args.layers or LAYERS
         drafters, vocab = new_drafters(llm, seqs, sorted(llm._eos_ids()), layers)
+        drafters = {k: d for k, d in drafters.items() if k in KINDS}
     if run is not None:           # a resumed run keeps its step budget and data
         if run["data"] != data_info:
             sys.exit(f"{CFG_FILE}: this run was started on other teacher data ({run['data']}); "
@@ -152,8 +181,8 @@ def cmd_train(args) -> None:
         cfg = run_config(args.steps, args.lr, prior["next_draw"] if prior else 0)
         if prior is not None:  # the shipped vocabulary and weights carry over; the curve counts their tokens
             vocab = prior.pop("vocab")
-        CFG_FILE.write_text(json.dumps({"config": asdict(cfg), "data": data_info, "vocab": vocab,
-                                        "prior": prior, "layers": drafters["dspark"].config.num_layers,
+        CFG_FILE.write_text(json.dumps({"config": asdict(cfg), "data": data_info, "vocab": vocab, "kinds": list(KINDS),
+                                        "prior": prior, "layers": next(iter(drafters.values())).config.num_layers,
                                         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                                         "threads": args.threads, "cpu": _cpu()}, indent=1))
 
@@ -175,7 +204,7 @@ def cmd_train(args) -> None:
     else:
         hook = snapshot
     history = fit_jointly(drafters, seqs, replace(cfg, steps=steps), CACHE / "state.pt", progress=not args.quiet,
-                          target=llm.target, on_checkpoint=hook)
+                          head=_fp32_head(llm.target), target=llm.target, on_checkpoint=hook)
     (CACHE / "history.json").write_text(json.dumps(history))
 
 
@@ -313,7 +342,7 @@ def cmd_publish(args) -> None:
     continued = (f"; continued from the previous shipped drafters ({prior_steps} steps, "
                  f"{prior_tokens / 1e3:.0f}K tokens seen), drawing from position {first} of the seeded sequence "
                  f"order on, after the sequences those weights saw" if prior_steps else "")
-    for kind in KINDS:
+    for kind in run.get("kinds", KINDS):
         out = ASSETS / kind
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
@@ -342,6 +371,7 @@ def cmd_publish(args) -> None:
 
 
 def main() -> None:
+    global KINDS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=["train", "eval", "publish"])
     ap.add_argument("--steps", type=int, default=20000, help="step budget of a new run (a resumed run keeps its own)")
@@ -354,8 +384,15 @@ def main() -> None:
                     help="train: a new run starts from the shipped drafters (their vocabulary and weights)")
     ap.add_argument("--last", type=int, default=0, help="eval: only the last N snapshots")
     ap.add_argument("--only", default="", help="eval: only these steps (comma-separated)")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help="train: the drafters a new run trains, on the same batches (a resumed run keeps its own)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
+    run = json.loads(CFG_FILE.read_text()) if CFG_FILE.is_file() else {}
+    KINDS = tuple(run.get("kinds") or args.kinds.split(","))
+    unknown = set(KINDS) - set(PRUNED)
+    if unknown:
+        sys.exit(f"--kinds: unknown drafter kind(s) {sorted(unknown)}; choose from {sorted(PRUNED)}")
     {"train": cmd_train, "eval": cmd_eval, "publish": cmd_publish}[args.command](args)
 
 

@@ -63,8 +63,9 @@ def blocks_at(drafter: BlockDrafter, taps: torch.Tensor, final: torch.Tensor | N
     positions = positions.clamp(max=seq.shape[0] - 1)
     target_logits = None
     if head is not None and final is not None:
-        with torch.no_grad():
-            target_logits = head(final[positions - 1].reshape(-1, final.shape[-1])).float()
+        with torch.no_grad():        # anchors' blocks overlap: each position's logits once
+            rows, back = torch.unique(positions - 1, return_inverse=True)
+            target_logits = head(final[rows]).float()[back.reshape(-1)]             # [M * n, V]
     return Block(hidden.reshape(-1, hidden.shape[-1]), seq[positions].reshape(-1), seq[positions - 1].reshape(-1),
                  torch.arange(n).repeat(anchors.shape[0]), weight.reshape(-1), target_logits)
 
