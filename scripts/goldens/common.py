@@ -9,9 +9,9 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "src" / "blockdraft" / "assets" / "tiny"
 SHIPPED = ROOT / "src" / "blockdraft" / "assets" / "smollm2"
 GOLDENS = ROOT / "tests" / "goldens"
-# the first shipped SmolLM2 DFlash drafter (full vocabulary, z-lab layout), kept as the interop
-# fixture: the reference `dflash` package has no pruned-vocabulary (d2t) support
-INTEROP_DFLASH = GOLDENS / "smollm2-dflash-fullvocab"
+# the shipped SmolLM2 DFlash drafter (z-lab layout, the target's full vocabulary and LM head), which the
+# reference `dflash` package reads as it is
+INTEROP_DFLASH = SHIPPED / "dflash"
 
 
 def dir_digest(path: Path, names: tuple[str, ...] = ("config.json", "model.safetensors")) -> str:

@@ -1,8 +1,8 @@
 """Interop golden: a SmolLM2 DFlash drafter in our published layout run by the reference `dflash` package.
 
 Loads the converted SmolLM2-135M-Instruct (path in argv[1]; regen.sh asks blockdraft for it)
-and `tests/goldens/smollm2-dflash-fullvocab` (the first drafter shipped for it: full vocabulary,
-which the reference can read; the shipped drafters prune theirs) with transformers / `DFlashDraftModel.from_pretrained`,
+and the shipped DFlash drafter (`src/blockdraft/assets/smollm2/dflash`: the target's full vocabulary,
+which the reference can read) with transformers / `DFlashDraftModel.from_pretrained`,
 both in fp32, and records `dflash_generate`'s greedy tokens and per-step acceptance lengths
 on chat prompts (ids from the HF tokenizer's chat template). Run with the dflash venv's python.
 """

@@ -1,10 +1,9 @@
 """The drafters shipped for SmolLM2 load as published, run losslessly, and interoperate.
 
 Interop: `tests/goldens/smollm2_dflash.json` holds the reference `dflash` package's greedy
-tokens and per-step acceptance lengths for a SmolLM2 DFlash drafter in our published layout
-(`tests/goldens/smollm2-dflash-fullvocab`, the first one shipped: the reference has no
-pruned-vocabulary support, and the shipped drafters prune theirs) on the converted SmolLM2
-(fp32; scripts/goldens/gen_smollm2_dflash.py). Equal ALs mean the reference read our
+tokens and per-step acceptance lengths for the shipped SmolLM2 DFlash drafter (z-lab layout, the
+target's full vocabulary: the reference has no pruned-vocabulary support, so DFlash keeps the full
+one) on the converted SmolLM2 (fp32; scripts/goldens/gen_smollm2_dflash.py). Equal ALs mean the reference read our
 published layout exactly as we do.
 """
 
@@ -22,7 +21,7 @@ from blockdraft.sampling.params import SamplingParams
 from blockdraft.sampling.stops import StopCriteria
 from conftest import GOLDENS
 
-INTEROP = GOLDENS / "smollm2-dflash-fullvocab"
+INTEROP = DEFAULT_DRAFTERS["dflash"]
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "goldens"))
 from common import dir_digest  # noqa: E402
