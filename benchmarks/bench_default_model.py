@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -44,7 +43,7 @@ def main() -> int:
     from blockdraft.bench.ortgenai import until_eos
     from blockdraft.bench.prompt_sets import load_set
     from blockdraft.bench.run import HFBaseline
-    from blockdraft.default_model import smollm2_dir
+    from blockdraft.default_model import cache_root, smollm2_dir
 
     batches = [int(b) for b in args.batches.split(",")]
     texts = load_set("chat", args.prompts)
@@ -76,9 +75,8 @@ def main() -> int:
         print("no onnxruntime-genai (the onnx extra): skipping that baseline", file=sys.stderr)
     else:
         if not args.no_ortgenai:
-            cache = Path(os.environ.get("BLOCKDRAFT_CACHE", Path.home() / ".cache" / "blockdraft"))
             for precision in ("int4", "fp32"):
-                built = ortgenai.build(smollm2_dir(), precision, cache)
+                built = ortgenai.build(smollm2_dir(), precision, cache_root())
                 if built is not None:
                     ort[f"ortgenai_{precision}"] = built
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -30,7 +29,7 @@ from blockdraft.bench import ortgenai
 from blockdraft.bench.ortgenai import until_eos
 from blockdraft.bench.prompt_sets import load_set
 from blockdraft.decode import generate_one
-from blockdraft.default_model import smollm2_dir
+from blockdraft.default_model import cache_root, smollm2_dir
 from blockdraft.export.onnx_export import export_onnx
 from blockdraft.engine.onnx_runner import onnx_engine
 from blockdraft.llm import DEFAULT_DRAFTERS
@@ -40,7 +39,7 @@ from blockdraft.sampling.stops import StopCriteria
 from blockdraft.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = Path(os.environ.get("BLOCKDRAFT_CACHE", Path.home() / ".cache" / "blockdraft"))
+CACHE = cache_root()
 
 
 def main() -> int:

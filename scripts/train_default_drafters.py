@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
@@ -28,10 +27,12 @@ from pathlib import Path
 
 import torch
 
+from blockdraft.default_model import cache_root
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "teacher" / "smollm2"
 ASSETS = ROOT / "src" / "blockdraft" / "assets" / "smollm2"
-CACHE = Path(os.environ.get("BLOCKDRAFT_CACHE", Path.home() / ".cache" / "blockdraft")) / "train-smollm2"
+CACHE = cache_root() / "train-smollm2"
 TAPS = (1, 8, 15, 22, 29)
 LAYERS, BLOCK, MASK_ID, MARKOV_RANK, DRAFT_VOCAB = 2, 8, 16, 64, 12288
 KINDS = ("dflash", "dspark")

@@ -30,6 +30,11 @@ def gguf_path() -> Path:
     return path
 
 
+def cache_root() -> Path:
+    """Where converted models and run state live: $BLOCKDRAFT_CACHE, else ~/.cache/blockdraft."""
+    return Path(os.environ.get("BLOCKDRAFT_CACHE", Path.home() / ".cache" / "blockdraft"))
+
+
 def smollm2_dir(dtype: str = "bfloat16") -> Path:
     """The converted HF directory, converting on first use."""
     import json
@@ -37,8 +42,7 @@ def smollm2_dir(dtype: str = "bfloat16") -> Path:
 
     from .checkpoints.gguf import CONVERT_VERSION, convert_gguf
 
-    cache = Path(os.environ.get("BLOCKDRAFT_CACHE", Path.home() / ".cache" / "blockdraft"))
-    out = cache / f"smollm2-135m-instruct-{dtype}"
+    out = cache_root() / f"smollm2-135m-instruct-{dtype}"
     config = out / "config.json"
     if config.is_file() and json.loads(config.read_text()).get("blockdraft_convert_version", 1) < CONVERT_VERSION:
         shutil.rmtree(out)                       # written by an older converter: convert again

