@@ -18,6 +18,7 @@ State lives in $BLOCKDRAFT_CACHE/train-smollm2 (never in git): `state.pt` (resum
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import sys
@@ -84,22 +85,23 @@ def new_drafters(llm, seqs, eos_ids, layers=LAYERS):
             for kind in KINDS}, vocab.summary()
 
 
-def shipped_drafters(llm, kinds=KINDS):
+def shipped_drafters(llm):
     """The shipped drafters as fp32 training copies, and what they were trained on (steps, tokens seen).
     A shipped drafter whose vocabulary layout differs from `PRUNED` keeps its body; its head becomes
     the one `PRUNED` asks for (the target's, or the target's rows for the shipped draft ids)."""
     from blockdraft.loading import load_drafter
 
-    drafters, prior = {}, None
-    for kind in kinds:
+    drafters, prior, new_heads = {}, None, []
+    for kind in KINDS:
         shipped = load_drafter(ASSETS / kind, llm.target)
         ids = shipped.to_target(torch.arange(shipped.config.output_vocab_size))
         d = new_drafter_from_ids(llm, kind, ids if PRUNED[kind] else None, shipped.config.num_layers)
         state = {k: v.float() if v.is_floating_point() else v for k, v in shipped.state_dict().items()}
-        if shipped.config.pruned_vocab != PRUNED[kind]:
-            state = {k: v for k, v in state.items() if k not in ("lm_head.weight", "d2t", "t2d")}
-            head = {"lm_head.weight", "d2t", "t2d"} & set(d.state_dict())
-            state.update({k: d.state_dict()[k] for k in head})
+        if shipped.config.pruned_vocab != PRUNED[kind]:   # the body carries over, the head is d's own
+            new_heads.append(kind)
+            head = ("lm_head.weight", "d2t", "t2d")
+            state = {**{k: v for k, v in state.items() if k not in head},
+                     **{k: v for k, v in d.state_dict().items() if k in head}}
         d.load_state_dict(state)
         drafters[kind] = d
         info = json.loads((ASSETS / kind / "training.json").read_text())
@@ -108,7 +110,8 @@ def shipped_drafters(llm, kinds=KINDS):
         prior = {"steps": info["step"], "seqs_per_step": run["config"]["seqs_per_step"],
                  "next_draw": next_draw(run, local),
                  "tokens_seen": info["step"] * run["config"]["seqs_per_step"] * run["data"]["response_tokens"]
-                 / run["data"]["conversations"], "vocab": run["vocab"], "hours": _hours(ASSETS / kind / "MODEL_CARD.md")}
+                 / run["data"]["conversations"], "vocab": run["vocab"], "hours": _hours(ASSETS / kind / "MODEL_CARD.md"),
+                 "new_heads": new_heads}
     return drafters, prior
 
 
@@ -137,16 +140,13 @@ def new_drafter_from_ids(llm, kind, ids, layers=LAYERS):
     return d
 
 
-_HEADS = {}
-
-
+@functools.lru_cache(maxsize=1)
 def _fp32_head(target) -> torch.nn.Linear:
-    if id(target) not in _HEADS:
-        w = target.lm_head.weight.detach().float()
-        head = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
-        head.weight = torch.nn.Parameter(w, requires_grad=False)
-        _HEADS[id(target)] = head
-    return _HEADS[id(target)]
+    """A frozen fp32 copy of the target's LM head, made once and shared by every drafter and loss."""
+    w = target.lm_head.weight.detach().float()
+    head = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+    head.weight = torch.nn.Parameter(w, requires_grad=False)
+    return head
 
 
 def cmd_train(args) -> None:
@@ -164,7 +164,7 @@ def cmd_train(args) -> None:
             sys.exit(f"{CFG_FILE}: this run continues drafters of {run['prior']['steps']} steps, but the shipped "
                      f"ones changed since; move {CACHE} away to start a new run.")
     elif run is None and args.continue_shipped:
-        drafters, prior = shipped_drafters(llm, KINDS)
+        drafters, prior = shipped_drafters(llm)
         shipped_layers = next(iter(drafters.values())).config.num_layers
         if args.layers not in (None, shipped_layers):
             sys.exit(f"--layers {args.layers} with --continue-shipped: the shipped drafters have {shipped_layers} "
@@ -185,7 +185,7 @@ def cmd_train(args) -> None:
         CFG_FILE.write_text(json.dumps({"config": asdict(cfg), "data": data_info, "vocab": vocab, "kinds": list(KINDS),
                                         "prior": prior, "layers": next(iter(drafters.values())).config.num_layers,
                                         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                        "threads": args.threads, "cpu": _cpu()}, indent=1))
+                                        "threads": args.threads, "hours": args.hours, "cpu": _cpu()}, indent=1))
 
     def snapshot(step, models):
         from blockdraft.checkpoints.publish import save_drafter
@@ -343,7 +343,9 @@ def cmd_publish(args) -> None:
     continued = (f"; continued from the previous shipped drafters ({prior_steps} steps, "
                  f"{prior_tokens / 1e3:.0f}K tokens seen), drawing from position {first} of the seeded sequence "
                  f"order on, after the sequences those weights saw" if prior_steps else "")
-    for kind in run.get("kinds", KINDS):
+    alone = len(KINDS) == 1            # main() set KINDS from the run
+    new_heads = (run.get("prior") or {}).get("new_heads", [])
+    for kind in KINDS:
         out = ASSETS / kind
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
@@ -367,11 +369,13 @@ def cmd_publish(args) -> None:
             "the target's, all 49,152 ids", **run["data"],
             tokens=run["data"]["response_tokens"], steps=step, seqs=cfg["seqs_per_step"],
             anchors=cfg["anchors_per_seq"], seen=(prior_tokens + local * cfg["seqs_per_step"] * per_seq) / 1e3,
-            continued=continued, continue_flag=(" --continue-shipped" if prior_steps else "") + ("" if len(run.get("kinds", KINDS)) > 1 else f" --kinds {kind}"), lr=cfg["lr"], warmup=cfg["warmup"],
+            continued=continued + ("; its body, under the new head its vocabulary layout asks for"
+                                   if kind in new_heads else ""),
+            continue_flag=(" --continue-shipped" if prior_steps else "") + (f" --kinds {kind}" if alone else "")
+            + f" --steps {cfg['steps']} --lr {cfg['lr']}" + (f" --hours {run['hours']}" if run.get("hours") else ""), lr=cfg["lr"], warmup=cfg["warmup"],
             hours=state.get("elapsed", 0) / 3600, threads=run["threads"],
             earlier=f" (plus {prior_hours:.1f} h for the {prior_steps} steps it continued)" if prior_steps else "",
-            jointly=", the same batches for DFlash and DSpark, trained together" if len(run.get("kinds", KINDS)) > 1
-            else f", {kind} alone",
+            jointly=f", {kind} alone" if alone else ", the same batches for DFlash and DSpark, trained together",
             cpu=run["cpu"], loss=hist[-1]["loss"], n_prompts=EVAL_PROMPTS, eval_tokens=EVAL_TOKENS, rows=rows))
         print(f"published {kind} step {step} -> {out}")
     CURVE_JSON.write_text(json.dumps(curve, indent=1) + "\n")   # a continued run's curve holds the earlier points
