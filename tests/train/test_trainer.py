@@ -75,6 +75,9 @@ def test_dspark_loss_parts(target, drafters):
     anchors = torch.tensor([3, 5, len(seq.ids) - 2])          # the last block runs past the sequence end
     block = blocks_at(drafter, seq.taps, seq.final, seq.ids, anchors, target.lm_head)
     assert block.weight.view(3, -1)[2].tolist() == [1.0] + [0.0] * (drafter.config.num_draft_tokens - 1)
+    # a bf16 target's hidden states against an fp32 head (the train script's frozen fp32 copy)
+    half = blocks_at(drafter, seq.taps, seq.final.bfloat16(), seq.ids, anchors, target.lm_head)
+    assert torch.allclose(half.target_logits, block.target_logits, atol=0.05, rtol=0.02)
     parts = dspark_loss(drafter, block)
     assert float(parts["l1"]) > 0.05 and "confidence_bce" in parts and torch.isfinite(parts["loss"])
     # against a teacher equal to the drafter's own Markov-biased distribution the L1 term vanishes
