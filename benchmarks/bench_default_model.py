@@ -8,7 +8,9 @@ Every repeat runs every mode over the same chat prompts (bench chat set), greedy
 generated tokens / wall time (prefill included, and tokens after EOS not counted). Ratios are
 taken within a repeat; the report keeps medians. ORT-GenAI models are built once with
 `python -m onnxruntime_genai.models.builder -i <converted SmolLM2> -o OUT -p fp32|int4 -e cpu`
-and run in this process through og.Generator (the onnx extra; skipped when it is missing).
+and run in this process through og.Generator (the onnx extra; skipped when it is missing) with
+`--threads` intra-op threads like ours, and the int4 build once more at onnxruntime's own default
+(one thread per core: `ortgenai_int4_own_threads`).
 Writes benchmarks/results/default_model.json and docs/default_model.png.
 """
 
@@ -75,13 +77,15 @@ def main() -> int:
         print("no onnxruntime-genai (the onnx extra): skipping that baseline", file=sys.stderr)
     else:
         if not args.no_ortgenai:
-            for precision in ("int4", "fp32"):
+            for precision in ("int4", "fp32"):      # at our thread count; int4 also at onnxruntime's default
                 built = ortgenai.build(smollm2_dir(), precision, cache_root())
                 if built is not None:
-                    ort[f"ortgenai_{precision}"] = built
+                    ort[f"ortgenai_{precision}"] = (built, args.threads)
+                    if precision == "int4":
+                        ort["ortgenai_int4_own_threads"] = (built, None)
 
-    def run_ort(model_dir: Path, batch: int) -> tuple[float, list[list[int]]]:
-        seconds, outs = ortgenai.generator_generate(model_dir, rendered, batch, args.tokens)
+    def run_ort(model: tuple[Path, int | None], batch: int) -> tuple[float, list[list[int]]]:
+        seconds, outs = ortgenai.generator_generate(model[0], rendered, batch, args.tokens, threads=model[1])
         return seconds, [until_eos(t, eos) for t in outs]
 
     modes = [*ours, *([] if hf is None else ["hf"]), *ort]

@@ -31,12 +31,19 @@ def build(src: Path, precision: str, cache: Path) -> Path | None:
     return out
 
 
-def generator_generate(folder: Path, texts: list[str], batch: int, max_new: int) -> tuple[float, list[list[int]]]:
+def generator_generate(folder: Path, texts: list[str], batch: int, max_new: int,
+                       threads: int | None = None) -> tuple[float, list[list[int]]]:
     """Chat-templated texts, `batch` at a time, through og.Generator (its tokenizer pads a batch and the
-    generator masks the padding) -> (seconds, generated ids per text)."""
+    generator masks the padding) -> (seconds, generated ids per text). `threads`: onnxruntime's intra-op
+    threads (None: its default, one per core)."""
+    import json
+
     import onnxruntime_genai as og
 
-    model = og.Model(str(folder))
+    config = og.Config(str(folder))
+    if threads is not None:
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+    model = og.Model(config)
     tok = og.Tokenizer(model)
     outs, t0 = [], time.perf_counter()
     for lo in range(0, len(texts), batch):

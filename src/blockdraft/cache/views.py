@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import torch
 
-KEY_BLOCK = 64   # attention sums keys in blocks of this many (layers/attention.py); paged steps read whole blocks
 
 
 @dataclass

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..cache.paged import PagedKVPool, PagedStep, context_read, pad_tables
+from ..layers.vocab import argmax_ids
 from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
 from ..sampling.probs import pick, sampling_probs
@@ -120,7 +121,7 @@ class ModelRunner:
         blocks = [[s.tokens[-1]] + d for s, d in zip(seqs, [p[0] for p in drafts])]
         step = PagedStep(self.target_pool, tables, starts, [len(b) for b in blocks])
         out = self.target(self._ids(blocks), step, self.taps)      # logits [b, 1 + max n, V]
-        target_argmax = out.logits.argmax(-1).tolist()              # [b, 1 + max n]
+        target_argmax = argmax_ids(out.logits).tolist()             # [b, 1 + max n]
         return [verify(s, block, out.logits[i, :len(block)], target_argmax[i], drafts[i][1],
                        out.taps[i:i + 1, :len(block)] if self.drafter is not None else None, written[i])
                 for i, (s, block) in enumerate(zip(seqs, blocks))]

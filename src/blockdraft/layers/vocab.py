@@ -11,6 +11,12 @@ from __future__ import annotations
 import torch
 
 
+def argmax_ids(x: torch.Tensor) -> torch.Tensor:
+    """`x.argmax(-1)` (ties → lowest id). bf16 rows are widened first: the same index, and on the CPU
+    faster than its bf16 argmax (49,152 logits: 36 us against 181 us)."""
+    return (x.float() if x.dtype == torch.bfloat16 else x).argmax(dim=-1)
+
+
 def topk_lowest_id(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k along the last dim, best first, equal values in ascending id order (ONNX TopK's rule;
     torch.topk leaves tie order unspecified). In an export the graph's TopK gives that order."""
@@ -26,7 +32,7 @@ class FullVocab:
     sharded = False
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
-        return x.argmax(dim=-1)
+        return argmax_ids(x)
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """The whole row (a shard layout gathers it)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..layers.vocab import argmax_ids
 from .params import SamplingParams
 
 
@@ -33,5 +34,5 @@ def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch
 def pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
     """Argmax (ties → lowest id) at temperature 0, else a sample."""
     if params.greedy:
-        return logits.argmax(dim=-1)
+        return argmax_ids(logits)
     return sample_from(sampling_probs(logits, params), generator)

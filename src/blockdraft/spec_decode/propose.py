@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..layers.vocab import argmax_ids
 from ..models.drafter import BlockDrafter, MarkovHead
 from ..models.kv_cache import KVCache
 from ..sampling.params import SamplingParams
@@ -96,7 +97,7 @@ def choose_drafts(drafter: BlockDrafter, hidden: torch.Tensor, anchor: torch.Ten
     logits = drafter.logits(hidden, shard=cfg.kind == "dspark" and drafter.markov_head.vocab.sharded)
     if cfg.kind == "dflash":
         probs = None if params.greedy else sampling_probs(logits, params)
-        tokens = logits.argmax(-1) if probs is None else sample_from(probs, generator)
+        tokens = argmax_ids(logits) if probs is None else sample_from(probs, generator)
         return Proposal(drafter.to_target(tokens), _target_probs(drafter, probs))
     if cfg.kind == "dflash2":
         lattice = dflash2_lattice(logits, hidden, anchor, drafter.candidate_selector, drafter.to_target)
