@@ -38,23 +38,25 @@ class TargetAttention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.qkv_proj = None          # q, k, v in one matmul when `layers/quant.py` fuses them
 
-    def _project(self, x):
-        if self.qkv_proj is None:
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        kv = self.num_kv_heads * self.head_dim
-        return self.qkv_proj(x).split([self.num_heads * self.head_dim, kv, kv], dim=-1)
-
-    def forward(self, x, cos, sin, step, layer: int):
+    def _rotated(self, x, cos, sin):
+        """q [b, h, t, d], k and v [b, hkv, t, d], q and k rotated."""
         b, t, _ = x.shape
-        q, k, v = self._project(x)
-        q = q.reshape(b, t, self.num_heads, self.head_dim)
-        k = k.reshape(b, t, self.num_kv_heads, self.head_dim)
-        v = v.reshape(b, t, self.num_kv_heads, self.head_dim)
+        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv_proj is not None and not self.qk_norm:   # fused: q and k rotate in one pass (same bits)
+            heads = self.qkv_proj(x).view(b, t, h + 2 * hkv, d).transpose(1, 2)
+            qk = apply_rope(heads[:, :h + hkv], cos, sin)
+            return qk[:, :h], qk[:, h:], heads[:, h + hkv:]
+        if self.qkv_proj is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            q, k, v = self.qkv_proj(x).split([h * d, hkv * d, hkv * d], dim=-1)
+        q, k, v = q.reshape(b, t, h, d), k.reshape(b, t, hkv, d), v.reshape(b, t, hkv, d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin)  # [b, h, t, d]
-        k = apply_rope(k.transpose(1, 2), cos, sin)
-        v = v.transpose(1, 2)
+        return apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
+
+    def forward(self, x, cos, sin, step, layer: int):
+        q, k, v = self._rotated(x, cos, sin)
         k, v = step.kv(layer, k, v)
         return self.o_proj(attend(q, k, v, step.visible, self.head_dim ** -0.5))
 
