@@ -40,14 +40,6 @@ class PagedKVPool:
         return k.view(b, -1, *k.shape[1:]).transpose(1, 2), v.view(b, -1, *v.shape[1:]).transpose(1, 2)
 
 
-def consecutive_from(tables: torch.Tensor, length: int, page_size: int) -> int | None:
-    """The first slot of row 0's positions 0..length-1 when its blocks are consecutive, else None."""
-    blocks = tables[0, :-(-length // page_size)].tolist()
-    if blocks != list(range(blocks[0], blocks[0] + len(blocks))):
-        return None
-    return blocks[0] * page_size
-
-
 def pad_tables(tables: list[list[int]], device: torch.device | str = "cpu") -> torch.Tensor:
     width = max(1, max(len(t) for t in tables))
     return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=device)
@@ -74,12 +66,11 @@ class PagedStep:
         # made once per step, used by every layer: where the real rows go, and what attention reads
         slots = pool.slots(tables, self.positions)                                             # [b, t]
         self.write_slots = slots[self.valid] if self.ragged else slots.view(-1)                # [real rows]
-        self.visible = self.read_slots = self.read_from = None
+        self.visible = self.read_slots = None
         if attend:   # keys 0..end-1 of every row (a row's keys past its own end are masked)
             b = tables.shape[0]
             self.visible = causal_visibility(self.positions, torch.arange(self.end, device=device).expand(b, self.end))
             self.read_slots = pool.prefix_slots(tables, self.end)
-            self.read_from = consecutive_from(tables, self.end, pool.page_size) if b == 1 else None
 
     def kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the real rows of k/v [b, hkv, t, d]; return the K/V attention reads: positions 0..end-1."""
@@ -92,9 +83,6 @@ class PagedStep:
             pool.index_copy_(0, self.write_slots, real)
         if self.visible is None:
             return k, v
-        if self.read_from is not None:     # one sequence in consecutive blocks: views, not gathers
-            rows = slice(self.read_from, self.read_from + self.end)
-            return self.pool.k[layer][rows][None].transpose(1, 2), self.pool.v[layer][rows][None].transpose(1, 2)
         return self.pool.read(layer, self.read_slots, self.tables.shape[0])
 
 
