@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .direct import DirectCall
+
 ROW_CHUNK = 16                                   # the most rows one call takes
 _slices: dict[tuple[int, int, int], int] = {}    # (out, in, threads) -> reduction slices (0: row by row)
 
@@ -126,6 +128,6 @@ def stable_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-class StableLinear(nn.Linear):
+class StableLinear(DirectCall, nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return stable_linear(x, self.weight, self.bias)

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .direct import DirectCall
 
 SCHEMES = ("none", "int8", "int4")          # what a user picks; int8_g32 is the LM head of both
 INT4_GROUP = 32
@@ -45,7 +46,7 @@ def check_scheme(scheme: str | None, dtype: torch.dtype, device: str | torch.dev
     return scheme
 
 
-class QuantizedLinear(nn.Module):
+class QuantizedLinear(DirectCall):
     """y = x · dequant(W)ᵀ (+ b) with W stored int8 [out, in] + scales [out], or int4-packed + (scale, zero)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, scheme: str):

@@ -18,13 +18,14 @@ from torch.nn import functional as F
 
 from ..config import Taps, TargetConfig
 from ..layers.attention import attend
+from ..layers.direct import DirectCall
 from ..layers.linear import StableLinear
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary, apply_rope
 from .kv_cache import KVCache
 
 
-class TargetAttention(nn.Module):
+class TargetAttention(DirectCall):
     def __init__(self, cfg: TargetConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -61,7 +62,7 @@ class TargetAttention(nn.Module):
         return self.o_proj(attend(q, k, v, step.visible, self.head_dim ** -0.5))
 
 
-class MLP(nn.Module):
+class MLP(DirectCall):
     """SwiGLU feed-forward (Llama, Qwen3 and the drafters share it)."""
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
@@ -78,7 +79,7 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(DirectCall):
     def __init__(self, cfg: TargetConfig):
         super().__init__()
         self.self_attn = TargetAttention(cfg)
