@@ -395,7 +395,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         run_tp(args.tp, serve_task, ServeJob(kwargs, args.model_name, args.api_key, args.host, args.port),
                timeout_s=24 * 3600)
         return 0
-    llm = LLM(**kwargs)
+    llm = LLM(**kwargs, remember_width_costs=True)
     app = build_app(llm, model_name=args.model_name, api_key=args.api_key)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
@@ -415,7 +415,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     llm = LLM(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, block_size=args.block_size,
               confidence_threshold=args.confidence_threshold, adaptive_speculation=args.adaptive_speculation,
               num_speculative_tokens=args.num_speculative_tokens, quantization=args.quantization,
-              device=args.device)
+              device=args.device, remember_width_costs=True)
     params = _sampling_params(args)
     prompt_ids = llm.encode(args.prompt, args.chat) if args.prompt is not None else args.prompt_ids
     if not args.json and llm.tokenizer is not None:

@@ -45,6 +45,27 @@ def resolve_drafter_dir(target: str | Path | None, drafter: str | Path | None) -
     return Path(drafter)
 
 
+def width_policy_file(target_dir: Path, drafter_dir: Path, numerics: str, device, confidence_threshold: float
+                      ) -> Path:
+    """Where the width policy's measurements for these models on this machine persist."""
+    import hashlib
+    import json
+    import platform
+
+    import torch
+
+    from .default_model import cache_root
+
+    cpu = platform.processor()
+    try:
+        cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": ") or cpu
+    except (OSError, IndexError):
+        pass
+    identity = json.dumps([str(Path(target_dir).resolve()), str(Path(drafter_dir).resolve()), numerics, str(device),
+                           confidence_threshold, torch.get_num_threads(), cpu, torch.__version__])
+    return cache_root() / "width-policy" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.json"
+
+
 class LLM:
     def __init__(self, target: str | Path | None = None, drafter: str | Path | None = "default",
                  mode: str | None = None, dtype: str | None = None, max_batch: int = 8,
@@ -52,9 +73,11 @@ class LLM:
                  cache_budget_bytes: int | None = None, max_model_len: int | None = None,
                  prefix_caching: bool = True, adaptive_speculation: bool = True,
                  num_speculative_tokens: int | None = None, tp=None, quantization: str | None = None,
-                 device: str | None = None):
+                 device: str | None = None, remember_width_costs: bool = False):
         """`tp`: this process's TPGroup when it is one rank of a tensor-parallel group; the models
-        are sharded and, on rank 0, `engine` mirrors every command to the other ranks."""
+        are sharded and, on rank 0, `engine` mirrors every command to the other ranks.
+        `remember_width_costs`: the width policy's measurements persist in the cache directory, per
+        models, numerics, device, threads and CPU (`width_policy_file`); `generate` and `serve` set it."""
         if drafter == "default":
             drafter = "dspark" if is_default_target(target) else None
         if max_batch < 1:
@@ -90,10 +113,13 @@ class LLM:
             adaptive_speculation = False          # timing-based decisions would differ between ranks
         max_len = max_model_len or min(self.target.config.max_position_embeddings, 4096)
         budget = cache_budget_bytes or default_cache_budget(self.target, self.drafter, max_len, max_batch)
+        remember = remember_width_costs and adaptive_speculation and self.drafter is not None
         self.engine = LLMEngine(self.target, self.drafter, EngineConfig(
             max_batch=max_batch, cache_budget_bytes=budget, max_model_len=max_len,
             prefix_caching=prefix_caching, confidence_threshold=confidence_threshold,
-            adaptive_speculation=adaptive_speculation, num_speculative_tokens=num_speculative_tokens),
+            adaptive_speculation=adaptive_speculation, num_speculative_tokens=num_speculative_tokens,
+            policy_file=str(width_policy_file(target_dir, drafter_dir, self.numerics, device,
+                                              confidence_threshold)) if remember else None),
             self._eos_ids(),
             self.tokenizer.decode if self.tokenizer is not None else None)
         if tp is not None and tp.world > 1 and tp.rank == 0:

@@ -104,3 +104,37 @@ def test_policy_never_changes_greedy_or_seeded_output(target, drafters):
     outs = capped.generate(prompts, params)
     assert [o.token_ids for o in outs[:3]] == [o.token_ids for o in ref[:3]]
     assert max(a for o in outs for a in o.acceptance_lengths) <= 3 and capped.policy.widths == [0, 1, 2]
+
+
+def test_measurements_persist_and_a_new_engine_starts_from_them(target, drafters, tmp_path, caplog):
+    """An engine with a policy file writes what its policy measured; the next one starts from it
+    (no exploration of the ends), and a file that does not fit is ignored with a warning."""
+    path = tmp_path / "policy.json"
+    cfg = dict(max_batch=2, cache_budget_bytes=2_000_000, page_size=8, max_model_len=72, policy_file=str(path))
+    first = LLMEngine(target, drafters["dspark"], EngineConfig(**cfg))
+    ref = first.generate(random_prompts(2, seed=5), SamplingParams(max_tokens=16))
+    assert path.is_file() and first.policy.cost
+    second = LLMEngine(target, drafters["dspark"], EngineConfig(**cfg))
+    assert second.policy.cost == first.policy.cost
+    assert second.policy.trials[1] == min(first.policy.trials[1], 256)
+    got = second.generate(random_prompts(2, seed=5), SamplingParams(max_tokens=16))
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    narrow = DraftWidthPolicy(2)
+    assert not narrow.restore(first.policy.state())                  # another width: not restored
+    path.write_text("{not json")
+    with caplog.at_level("WARNING"):
+        third = LLMEngine(target, drafters["dspark"], EngineConfig(**cfg))
+    assert not third.policy.cost and "width policy" in caplog.text
+    assert third.generate(random_prompts(1, seed=6), SamplingParams(max_tokens=4))[0].finished
+
+
+def test_restore_keeps_the_policy_choosing_without_exploring_again():
+    measured = DraftWidthPolicy(8, explore_every=1000)
+    _measure(measured, 1, lambda w: 1.0 + 0.5 * w, lambda w: 0)      # plain decoding wins
+    measured.backoff[1] = 4                                          # plain decoding kept winning
+    fresh = DraftWidthPolicy(8, explore_every=1000)
+    assert fresh.restore(measured.state())
+    assert [fresh.choose(1) for _ in range(3)] == [0, 0, 0]
+    assert fresh.next_look[1] == 4000 and fresh.next_look[2] == 1000   # looks again as late as it had backed off
+    bad = measured.state() | {"hits": [5] * 9, "trials": [1] * 9}    # more hits than trials
+    assert not DraftWidthPolicy(8).restore(bad)

@@ -15,6 +15,9 @@ the runner (`onnx_runner.py`).
 from __future__ import annotations
 
 import itertools
+import json
+import logging
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +37,8 @@ from .scheduler import Scheduler
 from .sequence import Sequence
 from .telemetry import EngineStats, Rates
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -46,6 +51,7 @@ class EngineConfig:
     max_model_len: int | None = None       # default: the target's max_position_embeddings
     adaptive_speculation: bool = True      # greedy draft width from measured cost (policy.py); off = full width
     num_speculative_tokens: int | None = None  # cap on drafts per step (default: the drafter's block)
+    policy_file: str | None = None         # where the width policy's measurements persist (None: nowhere)
 
     def __post_init__(self):
         if self.max_batch < 1:
@@ -110,6 +116,7 @@ class LLMEngine:
         else:
             self.runner = self._torch_runner(target, drafter, full_layers, ring_layers, window)
         self.policy = DraftWidthPolicy(self.lookahead, self.config.adaptive_speculation)
+        self._load_policy()
         self.stats = EngineStats(blocks_total=n, blocks_free=n)
         self.scheduler = Scheduler(self.blocks, self.config.max_batch, self.lookahead, self.config.prefill_chunk,
                                    self.policy, self.stats, eos_ids, decode, drafter is not None,
@@ -174,6 +181,30 @@ class LLMEngine:
         self._refresh_gauges()
         return [s.request_id for s in victims]
 
+    def _load_policy(self) -> None:
+        path = self.config.policy_file
+        if path is None or not self.policy.enabled or not os.path.isfile(path):
+            return
+        try:
+            with open(path) as f:
+                restored = self.policy.restore(json.load(f))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            restored = False
+            log.warning("width policy: ignoring %s (%s)", path, e)
+        if not restored:
+            log.warning("width policy: %s does not fit this engine; measuring afresh", path)
+
+    def save_policy(self) -> None:
+        """Write what the width policy measured to `policy_file` (atomically), if one is set."""
+        path = self.config.policy_file
+        if path is None or not self.policy.enabled or not self.policy.cost:
+            return
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.policy.state(), f)
+        os.replace(tmp, path)
+
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
@@ -184,6 +215,8 @@ class LLMEngine:
         touched = self.scheduler.postprocess(batch, self.runner.run(batch))
         self.stats.steps += 1
         self.stats.busy_s += time.perf_counter() - t0
+        if self.stats.steps % 512 == 0:
+            self.save_policy()
         self._refresh_gauges()
         outputs = [self._output(s) for s in touched]
         for seq in touched:                  # a finished request's last output says everything: forget it
@@ -216,6 +249,7 @@ class LLMEngine:
                 yield seq.generated[sent:]
                 sent = len(seq.generated)
             if seq.is_finished:
+                self.save_policy()
                 return
             self.step()
 
@@ -226,6 +260,7 @@ class LLMEngine:
         done: dict[str, RequestOutput] = {}
         while len(done) < len(ids):
             done.update((o.request_id, o) for o in self.step() if o.finished)
+        self.save_policy()
         return [done[r] for r in ids]
 
 
