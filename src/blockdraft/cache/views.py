@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import torch
 
 
-
 @dataclass
 class ContextRead:
     """Committed K/V a block attends to (the drafter's context), per drafter layer.
