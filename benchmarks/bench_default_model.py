@@ -4,7 +4,9 @@ ONNX Runtime GenAI 0.18.0's own CPU builds of the same weights (fp32 and int4), 
     python benchmarks/bench_default_model.py [--prompts 8] [--tokens 64] [--repeats 2] [--batches 1,8]
         [--threads 1]
 
-Every repeat runs every mode over the same chat prompts (bench chat set), greedy; tokens/s =
+Every repeat runs every mode over the same chat prompts (bench chat set), greedy, one batch of
+prompts at a time through every mode before the next (so the modes compared ran close in time:
+this shared machine's speed drifts by tens of percent over minutes); tokens/s =
 generated tokens / wall time (prefill included, and tokens after EOS not counted). Ratios are
 taken within a repeat; the report keeps medians. ORT-GenAI models are built once with
 `python -m onnxruntime_genai.models.builder -i <converted SmolLM2> -o OUT -p fp32|int4 -e cpu`
@@ -84,9 +86,20 @@ def main() -> int:
                     if precision == "int4":
                         ort["ortgenai_int4_own_threads"] = (built, None)
 
-    def run_ort(model: tuple[Path, int | None], batch: int) -> tuple[float, list[list[int]]]:
-        seconds, outs = ortgenai.generator_generate(model[0], rendered, batch, args.tokens, threads=model[1])
+    def run_ort(model: tuple[Path, int | None], texts: list[str]) -> tuple[float, list[list[int]]]:
+        seconds, outs = ortgenai.generator_generate(model[0], texts, len(texts), args.tokens, threads=model[1])
         return seconds, [until_eos(t, eos) for t in outs]
+
+    def run(mode: str, lo: int, hi: int) -> tuple[float, list[list[int]]]:
+        """One mode over prompts lo..hi-1 as one batch -> (seconds, generated ids)."""
+        if mode not in ours and mode != "hf":
+            return run_ort(ort[mode], rendered[lo:hi])
+        t0 = time.perf_counter()
+        if mode == "hf":
+            outs = [until_eos(hf.generate(p, params), eos) for p in prompts[lo:hi]]
+        else:
+            outs = [o.token_ids for o in ours[mode].generate(prompt_token_ids=prompts[lo:hi], sampling_params=params)]
+        return time.perf_counter() - t0, outs
 
     modes = [*ours, *([] if hf is None else ["hf"]), *ort]
     raw: dict = {}
@@ -94,26 +107,17 @@ def main() -> int:
         rate = {m: [] for m in modes if m != "hf" or batch == 1}
         same_as_ar = {m: 0 for m in rate}
         for rep in range(args.repeats):
-            ar_tokens = {}
+            seconds, outs = {m: 0.0 for m in rate}, {m: [] for m in rate}
+            for lo in range(0, len(prompts), batch):      # every mode on one batch, then the next batch:
+                for mode in rate:                         # modes compared close in time (this machine drifts)
+                    s, o = run(mode, lo, lo + batch)
+                    seconds[mode] += s
+                    outs[mode] += o
             for mode in rate:
-                t0 = time.perf_counter()
-                if mode in ours:
-                    outs = []
-                    for lo in range(0, len(prompts), batch):
-                        outs += [o.token_ids for o in ours[mode].generate(prompt_token_ids=prompts[lo:lo + batch],
-                                                                           sampling_params=params)]
-                    seconds = time.perf_counter() - t0
-                elif mode == "hf":
-                    outs = [until_eos(hf.generate(p, params), eos) for p in prompts]
-                    seconds = time.perf_counter() - t0
-                else:
-                    seconds, outs = run_ort(ort[mode], batch)
-                rate[mode].append(sum(len(o) for o in outs) / seconds)
-                if mode.startswith("ar"):
-                    ar_tokens[mode] = outs
+                rate[mode].append(sum(len(o) for o in outs[mode]) / seconds[mode])
                 if rep == 0:          # against AR of the same numerics (bf16 AR for HF and ORT-GenAI)
-                    ref = ar_tokens.get(ar_of.get(mode, "ar"), outs)
-                    same_as_ar[mode] = sum(a == b for a, b in zip(outs, ref))
+                    ref = outs.get(ar_of.get(mode, "ar"), outs[mode])
+                    same_as_ar[mode] = sum(a == b for a, b in zip(outs[mode], ref))
                 print(f"batch {batch} rep {rep} {mode}: {rate[mode][-1]:.1f} tok/s", file=sys.stderr, flush=True)
         bf16_ar = rate.get("ar")
         raw[batch] = {m: {"tokens_per_s": statistics.median(v), "repeats": v,

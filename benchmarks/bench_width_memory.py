@@ -43,7 +43,7 @@ def main() -> int:
     from blockdraft.bench.prompt_sets import load_set
     from blockdraft.default_model import smollm2_dir
 
-    smollm2_dir()                                     # converted once, in the usual cache
+    model_dir = smollm2_dir()                         # converted once, in the usual cache
     plain = blockdraft.LLM(drafter="none", quantization=args.quantization, max_batch=1)
     params = blockdraft.SamplingParams(max_tokens=args.tokens)
     prompts = [plain.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in load_set("chat", args.prompts)]
@@ -60,8 +60,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as width_cache:
         os.environ["BLOCKDRAFT_CACHE"] = width_cache   # the remembered measurements live here only
         try:
-            smollm2_link = Path(width_cache) / smollm2_dir().name
-            smollm2_link.symlink_to(smollm2_dir())     # the converted model, not converted again
+            (Path(width_cache) / model_dir.name).symlink_to(model_dir)   # the converted model, not converted again
             first = speculative(True)
             for p in prompts:                          # a first pass writes the machine's measurements
                 first.generate(prompt_token_ids=[p], sampling_params=params)
