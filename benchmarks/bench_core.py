@@ -14,12 +14,14 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from blockdraft.decode import generate_one
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # the single-sequence oracle
+from decode_oracle import generate_one  # noqa: E402
 from blockdraft.llm import ASSETS
 from blockdraft.loading import load_drafter, load_target
 from blockdraft.sampling.params import SamplingParams

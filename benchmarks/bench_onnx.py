@@ -28,7 +28,8 @@ from pathlib import Path
 from blockdraft.bench import ortgenai
 from blockdraft.bench.ortgenai import until_eos
 from blockdraft.bench.prompt_sets import load_set
-from blockdraft.decode import generate_one
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # the single-sequence oracle
+from decode_oracle import generate_one  # noqa: E402
 from blockdraft.default_model import cache_root, smollm2_dir
 from blockdraft.export.onnx_export import export_onnx
 from blockdraft.engine.onnx_runner import onnx_engine

@@ -11,13 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from blockdraft.decode import generate_one
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # the single-sequence oracle
+from decode_oracle import generate_one  # noqa: E402
 from blockdraft.default_model import smollm2_dir
 from blockdraft.loading import load_target
 from blockdraft.sampling.params import SamplingParams

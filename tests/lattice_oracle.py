@@ -12,7 +12,7 @@ from typing import Protocol
 
 import torch
 
-from blockdraft.decode import Generation, append_committed, verify_block
+from decode_oracle import Generation, append_committed, verify_block
 from blockdraft.models.drafter import BlockDrafter
 from blockdraft.models.target import TargetModel
 from blockdraft.sampling.params import SamplingParams

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from blockdraft.cli import main
-from blockdraft.decode import generate_one
+from decode_oracle import generate_one
 from blockdraft.sampling.params import SamplingParams
 from conftest import ASSETS
 

@@ -76,7 +76,7 @@ def test_import_is_light():
 
 
 def test_batched_generate_equals_single_stream(llm):
-    from blockdraft.decode import generate_one
+    from decode_oracle import generate_one
     from conftest import random_prompts
 
     prompts = random_prompts(10, seed=8)

@@ -21,7 +21,7 @@ import pytest
 from openai import OpenAI
 
 from blockdraft.cli import main
-from blockdraft.decode import generate_one
+from decode_oracle import generate_one
 from lattice_oracle import TorchLatticeBackend, lattice_generate
 from blockdraft.llm import LLM
 from blockdraft.loading import load_drafter, load_target

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from blockdraft.checkpoints.publish import prune_vocabulary, save_drafter
-from blockdraft.decode import generate_one
+from decode_oracle import generate_one
 from blockdraft.errors import CheckpointError, ConfigError
 from blockdraft.llm import LLM
 from blockdraft.loading import load_drafter

@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from blockdraft.checkpoints.gguf import convert_gguf
-from blockdraft.decode import generate_one
+from decode_oracle import generate_one
 from blockdraft.default_model import gguf_path
 from blockdraft.loading import load_target
 from blockdraft.sampling.params import SamplingParams

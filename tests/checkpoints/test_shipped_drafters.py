@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from blockdraft.decode import generate_one
+from decode_oracle import generate_one
 from blockdraft.default_model import smollm2_dir
 from blockdraft.llm import DEFAULT_DRAFTERS
 from blockdraft.loading import load_drafter, load_target

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from blockdraft.decode import generate_one
+from decode_oracle import generate_one
 from blockdraft.engine.engine import EngineConfig, LLMEngine
 from blockdraft.errors import RequestError
 from blockdraft.sampling.params import SamplingParams
@@ -171,7 +171,7 @@ def test_sliding_window_drafter_uses_the_ring(target, drafters, single_stream):
 
 def test_ring_acceptance_matches_single_stream(target, drafters):
     """Same drafts as the full-context single-stream loop: the ring loses nothing inside the window."""
-    from blockdraft.decode import generate_one
+    from decode_oracle import generate_one
 
     cfg = EngineConfig(max_batch=1, cache_budget_bytes=2_000_000, page_size=8, max_model_len=72,
                        adaptive_speculation=False)

@@ -11,7 +11,7 @@ import torch
 from blockdraft.bench.ortgenai import engine_generate
 from blockdraft.cli import main
 from blockdraft.engine.onnx_runner import onnx_engine
-from blockdraft.decode import generate_one
+from decode_oracle import generate_one
 from blockdraft.errors import BlockdraftError, ConfigError
 from blockdraft.export.onnx_export import export_onnx
 from lattice_oracle import OnnxBackend, TorchLatticeBackend, lattice_generate

@@ -4,7 +4,7 @@ lossless against the quantized model (which is a different model from its bf16 s
 import pytest
 import torch
 
-from blockdraft.decode import generate_one
+from decode_oracle import generate_one
 from blockdraft.errors import ConfigError
 from blockdraft.layers.quant import QuantizedLinear, check_scheme
 from blockdraft.llm import LLM

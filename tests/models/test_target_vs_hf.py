@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from blockdraft.decode import generate_one
+from decode_oracle import generate_one
 from blockdraft.loading import load_target
 from blockdraft.sampling.params import SamplingParams
 

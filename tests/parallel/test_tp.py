@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from blockdraft.cli import main
-from blockdraft.decode import generate_one
+from decode_oracle import generate_one
 from blockdraft.errors import ConfigError
 from blockdraft.loading import load_drafter, load_target
 from blockdraft.parallel.launch import WorkerError, run_tp

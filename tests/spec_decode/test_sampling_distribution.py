@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from blockdraft.decode import generate_one
+from decode_oracle import generate_one
 from blockdraft.sampling.params import SamplingParams
 from blockdraft.sampling.probs import sampling_probs
 from tiny_models import tiny_pair

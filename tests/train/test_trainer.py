@@ -8,7 +8,7 @@ import torch
 
 from blockdraft.checkpoints.publish import new_drafter
 from blockdraft.cli import main
-from blockdraft.decode import generate_one
+from decode_oracle import generate_one
 from blockdraft.loading import load_drafter
 from blockdraft.sampling.params import SamplingParams
 from blockdraft.train.losses import blocks_at, dflash_loss, dspark_loss

@@ -13,7 +13,6 @@ import torch
 
 from ..layers.vocab import argmax_ids
 from ..models.drafter import BlockDrafter, MarkovHead
-from ..models.kv_cache import KVCache
 from ..sampling.params import SamplingParams
 from ..sampling.probs import sample_from, sampling_probs
 from .lattice import dflash2_lattice, walk
@@ -55,16 +54,6 @@ def markov_chain(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead, p
         tokens.append(prev)
         embeds.append(embed)
     return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None), torch.stack(embeds, 1)
-
-
-def propose(drafter: BlockDrafter, anchor: torch.Tensor, cache: KVCache, n_drafts: int,
-            params: SamplingParams, generator: torch.Generator | None,
-            confidence_threshold: float = 0.0) -> Proposal:
-    """anchor [b] at position cache.length -> Proposal with at most n_drafts drafts."""
-    rows = block_rows(drafter, n_drafts)
-    hidden = drafter.block_hidden(anchor, rows, cache)
-    proposal = choose_drafts(drafter, draft_slots(drafter, hidden, n_drafts), anchor, params, generator)
-    return proposal.truncated(min(confident_prefix(proposal, confidence_threshold)))
 
 
 def block_rows(drafter: BlockDrafter, n_drafts: int) -> int:

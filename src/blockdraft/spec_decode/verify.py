@@ -9,13 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..layers.vocab import argmax_ids
 from ..sampling.probs import sample_from
-
-
-def greedy_accept(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
-    """drafts [n], target_logits [n+1, vocab] -> (accepted m, next token)."""
-    return greedy_accept_ids(drafts.tolist(), argmax_ids(target_logits).tolist())
 
 
 def greedy_accept_ids(drafts: list[int], target_argmax: list[int]) -> tuple[int, int]:

@@ -1,6 +1,6 @@
-"""The single-sequence reference loop: prefill → (propose → verify → accept)*, kept as the tests'
-oracle (and a few single-stream micro-benchmarks). No command, server or API path runs it —
-they run the batch engine — but it calls the same `propose` and `spec_decode.verify`
+"""The single-sequence reference loop: prefill → (propose → verify → accept)*, the tests' oracle
+(and a few single-stream micro-benchmarks'). No command, server or API path runs it — they run
+the batch engine — but it calls the same drafting (`choose_drafts`) and `spec_decode.verify`
 functions, so the engine at any batch and width is checked against the plainest possible loop.
 
 The first token is sampled from the prefill's last logits and becomes the first
@@ -17,15 +17,33 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .models.drafter import BlockDrafter
-from .models.target import TargetModel
-from .engine.admission import check_request
-from .engine.telemetry import Rates
-from .sampling.params import SamplingParams
-from .sampling.probs import pick, sampling_probs
-from .sampling.stops import StopCriteria
-from .spec_decode.propose import propose
-from .spec_decode.verify import greedy_accept, rejection_accept
+from blockdraft.engine.admission import check_request
+from blockdraft.engine.telemetry import Rates
+from blockdraft.layers.vocab import argmax_ids
+from blockdraft.models.drafter import BlockDrafter
+from blockdraft.models.kv_cache import KVCache
+from blockdraft.models.target import TargetModel
+from blockdraft.sampling.params import SamplingParams
+from blockdraft.sampling.probs import pick, sampling_probs
+from blockdraft.sampling.stops import StopCriteria
+from blockdraft.spec_decode.propose import Proposal, block_rows, choose_drafts, confident_prefix, draft_slots
+from blockdraft.spec_decode.verify import greedy_accept_ids, rejection_accept
+
+
+def propose(drafter: BlockDrafter, anchor: torch.Tensor, cache: KVCache, n_drafts: int,
+            params: SamplingParams, generator: torch.Generator | None,
+            confidence_threshold: float = 0.0) -> Proposal:
+    """anchor [b] at position cache.length -> Proposal with at most n_drafts drafts (the engine's
+    `_propose` batched over ragged sequences does the same through a paged context)."""
+    rows = block_rows(drafter, n_drafts)
+    hidden = drafter.block_hidden(anchor, rows, cache)
+    proposal = choose_drafts(drafter, draft_slots(drafter, hidden, n_drafts), anchor, params, generator)
+    return proposal.truncated(min(confident_prefix(proposal, confidence_threshold)))
+
+
+def greedy_accept(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
+    """drafts [n], target_logits [n+1, vocab] -> (accepted m, next token)."""
+    return greedy_accept_ids(drafts.tolist(), argmax_ids(target_logits).tolist())
 
 
 @dataclass
