@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # the single-sequence oracle
 from decode_oracle import generate_one  # noqa: E402
-from blockdraft.llm import ASSETS
+from blockdraft.llm import TINY_ASSETS as ASSETS
 from blockdraft.loading import load_drafter, load_target
 from blockdraft.sampling.params import SamplingParams
 
