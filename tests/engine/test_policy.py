@@ -138,3 +138,18 @@ def test_restore_keeps_the_policy_choosing_without_exploring_again():
     assert fresh.next_look[1] == 4000 and fresh.next_look[2] == 1000   # looks again as late as it had backed off
     bad = measured.state() | {"hits": [5] * 9, "trials": [1] * 9}    # more hits than trials
     assert not DraftWidthPolicy(8).restore(bad)
+
+
+def test_a_plain_cost_measured_in_a_slow_spell_does_not_keep_drafting():
+    """While a width drafts, plain steps are looked at too: a plain cost measured once while the machine
+    was slow (so drafting looked cheaper than it is) is refreshed, and plain decoding wins again."""
+    policy = DraftWidthPolicy(4, explore_every=4)
+    policy.trials[1:], policy.hits[1:] = [100] * 4, [30, 10, 3, 1]           # E(3) ~ 1.4
+    policy.cost = {(1, 0): 3.0, (1, 1): 1.6, (1, 2): 1.7, (1, 3): 1.8, (1, 4): 1.9}   # plain measured slow
+    true_cost = {0: 1.0, 1: 1.6, 2: 1.7, 3: 1.8, 4: 1.9}
+    picks = []
+    for _ in range(120):
+        w = policy.choose(1)
+        picks.append(w)
+        policy.record(1, w, true_cost[w], [], [])
+    assert picks[0] != 0 and 0 in picks[:12] and picks[-12:] == [0] * 12

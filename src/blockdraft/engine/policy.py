@@ -10,7 +10,8 @@ first (it measures every slot's acceptance), then a plain step; a width in betwe
 when its cost, interpolated between measured neighbours, says it could win (so a drafter that
 cannot pay costs two exploratory steps, not one per width). The best is then used with one
 exploratory step in `explore_every` at a width next to it (a neighbour costs little to try; a far
-one can cost 3x a step at batch 8), so a machine whose verify is cheap (AMX) drafts wide and one
+one can cost 3x a step at batch 8; while drafting, a plain step is among those looked at, so its
+cost is not left stale), so a machine whose verify is cheap (AMX) drafts wide and one
 whose verify is dear (emulated bf16, large batches) drafts narrow or not at all. While plain
 decoding stays best the interval doubles at each look (up to `max_backoff` x), so a drafter that
 cannot pay here costs ever fewer exploratory steps (each one also writes the drafter context the
@@ -95,6 +96,8 @@ class DraftWidthPolicy:
                 self.backoff[b] = min(2 * self.backoff[b], self.max_backoff)
             at = self.widths.index(best)
             near = self.widths[max(0, at - 1):at] + self.widths[at + 1:at + 2]
+            if best and 0 not in near:      # keep the plain step's cost fresh too: measured once in a slow
+                near.append(0)              # spell and never again, it would keep a losing width drafting
             return near[(self.steps[b] // self.explore_every) % len(near)]
         return best
 
