@@ -48,6 +48,7 @@ def main() -> int:
     from blockdraft.bench.prompt_sets import load_set
     from blockdraft.bench.run import HFBaseline
     from blockdraft.default_model import cache_root, smollm2_dir
+    from blockdraft.numerics import cpu_model
 
     batches = [int(b) for b in args.batches.split(",")]
     texts = load_set("chat", args.prompts)
@@ -132,7 +133,7 @@ def main() -> int:
         al[name] = sum(lengths) / len(lengths)
     report = {"numerics": {m: llm.numerics for m, llm in ours.items()}, "threads": args.threads, "prompts": len(prompts),
               "max_new_tokens": args.tokens, "repeats": args.repeats, "results": raw, "mean_al": al,
-              "cpu": open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": ")}
+              "cpu": cpu_model()}
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "default_model.json").write_text(json.dumps(report, indent=1) + "\n")

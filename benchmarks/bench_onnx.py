@@ -35,6 +35,7 @@ from blockdraft.export.onnx_export import export_onnx
 from blockdraft.engine.onnx_runner import onnx_engine
 from blockdraft.llm import DEFAULT_DRAFTERS
 from blockdraft.loading import load_target
+from blockdraft.numerics import cpu_model
 from blockdraft.sampling.params import SamplingParams
 from blockdraft.sampling.stops import StopCriteria
 from blockdraft.tokenizer import Tokenizer
@@ -114,7 +115,7 @@ def main() -> int:
                               "vs_og_engine_plain": statistics.median(
                                   a / b for a, b in zip(v, rate["og_engine_plain"]))} for m, v in rate.items()}
     report = {"export": str(export), "prompts": len(prompts), "max_new_tokens": args.tokens, "repeats": args.repeats,
-              "results": results, "cpu": open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": ")}
+              "results": results, "cpu": cpu_model()}
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "onnx.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from blockdraft.default_model import cache_root
+from blockdraft.numerics import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "teacher" / "smollm2"
@@ -185,7 +186,7 @@ def cmd_train(args) -> None:
         CFG_FILE.write_text(json.dumps({"config": asdict(cfg), "data": data_info, "vocab": vocab, "kinds": list(KINDS),
                                         "prior": prior, "layers": next(iter(drafters.values())).config.num_layers,
                                         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                        "threads": args.threads, "hours": args.hours, "cpu": _cpu()}, indent=1))
+                                        "threads": args.threads, "hours": args.hours, "cpu": cpu_model()}, indent=1))
 
     def snapshot(step, models):
         from blockdraft.checkpoints.publish import save_drafter
@@ -207,15 +208,6 @@ def cmd_train(args) -> None:
     history = fit_jointly(drafters, seqs, replace(cfg, steps=steps), CACHE / "state.pt", progress=not args.quiet,
                           head=_fp32_head(llm.target), target=llm.target, on_checkpoint=hook)
     (CACHE / "history.json").write_text(json.dumps(history))
-
-
-def _cpu() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        import platform
-
-        return platform.processor()
 
 
 def eval_prompts(llm) -> dict[str, list[list[int]]]:

@@ -50,19 +50,14 @@ def width_policy_file(target_dir: Path, drafter_dir: Path, numerics: str, device
     """Where the width policy's measurements for these models on this machine persist."""
     import hashlib
     import json
-    import platform
 
     import torch
 
     from .default_model import cache_root
+    from .numerics import cpu_model
 
-    cpu = platform.processor()
-    try:
-        cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": ") or cpu
-    except (OSError, IndexError):
-        pass
     identity = json.dumps([str(Path(target_dir).resolve()), str(Path(drafter_dir).resolve()), numerics, str(device),
-                           confidence_threshold, torch.get_num_threads(), cpu, torch.__version__])
+                           confidence_threshold, torch.get_num_threads(), cpu_model(), torch.__version__])
     return cache_root() / "width-policy" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.json"
 
 

@@ -36,16 +36,29 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     return DTYPES[name]
 
 
+def _cpuinfo(field: str) -> str | None:
+    """The value of the first `field` line of Linux /proc/cpuinfo (None elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(field):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 @functools.cache
 def cpu_flags() -> frozenset[str]:
     """The CPU feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    return frozenset((_cpuinfo("flags") or "").split())
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo; else what `platform` reports)."""
+    import platform
+
+    return _cpuinfo("model name") or platform.processor()
 
 
 def native_bf16(flags: frozenset[str] | None = None) -> bool:
