@@ -46,10 +46,10 @@ CURVE_JSON = ROOT / "docs" / "drafter_curve.json"     # versioned: every publish
 EVAL_SETS, EVAL_PROMPTS, EVAL_TOKENS = ("chat", "humaneval", "math"), 6, 96
 
 
-def run_config(steps: int, lr: float = 1e-3, first_draw: int = 0) -> "TrainConfig":
+def run_config(steps: int, lr: float = 1e-3, first_draw: int = 0, anchors: int = 48) -> "TrainConfig":
     from blockdraft.train.trainer import TrainConfig
 
-    return TrainConfig(steps=steps, lr=lr, warmup=100, seqs_per_step=2, anchors_per_seq=48, seed=0,
+    return TrainConfig(steps=steps, lr=lr, warmup=100, seqs_per_step=2, anchors_per_seq=anchors, seed=0,
                        first_draw=first_draw, save_every=250, save_every_seconds=600)
 
 
@@ -178,9 +178,10 @@ def cmd_train(args) -> None:
         if run["data"] != data_info:
             sys.exit(f"{CFG_FILE}: this run was started on other teacher data ({run['data']}); "
                      f"now {data_info}. Move {CACHE} away to start a new run.")
-        cfg = run_config(run["config"]["steps"], run["config"]["lr"], run["config"].get("first_draw", 0))
+        c = run["config"]
+        cfg = run_config(c["steps"], c["lr"], c.get("first_draw", 0), c["anchors_per_seq"])
     else:
-        cfg = run_config(args.steps, args.lr, prior["next_draw"] if prior else 0)
+        cfg = run_config(args.steps, args.lr, prior["next_draw"] if prior else 0, args.anchors)
         if prior is not None:  # the shipped vocabulary and weights carry over; the curve counts their tokens
             vocab = prior.pop("vocab")
         CFG_FILE.write_text(json.dumps({"config": asdict(cfg), "data": data_info, "vocab": vocab, "kinds": list(KINDS),
@@ -381,6 +382,8 @@ def main() -> None:
     ap.add_argument("--hours", type=float, default=0, help="stop at the first checkpoint after this many hours")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of a new run")
+    ap.add_argument("--anchors", type=int, default=48,
+                    help="anchors per sequence per step of a new run (more share one teacher-forced pass)")
     ap.add_argument("--layers", type=int, default=None,
                     help=f"drafter depth of a new run (default {LAYERS}; the depth lever: compare AL per cost)")
     ap.add_argument("--continue-shipped", action="store_true",

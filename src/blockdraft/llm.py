@@ -31,6 +31,15 @@ def is_default_target(target: str | Path | None) -> bool:
     return target is None or str(target) == NAME
 
 
+def target_dir_of(target: str | Path | None) -> Path:
+    """The default model's directory (converted from its GGUF on first use), or `target` itself."""
+    if is_default_target(target):
+        from .default_model import smollm2_dir
+
+        return smollm2_dir()
+    return Path(target)
+
+
 def resolve_drafter_dir(target: str | Path | None, drafter: str | Path | None) -> Path | None:
     """`none` → no drafter; a shipped name (dflash, dspark) → the default target's drafter; else a dir."""
     if drafter is None or str(drafter) == "none":
@@ -82,12 +91,7 @@ class LLM:
         drafter_dir = resolve_drafter_dir(target, drafter)
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device, default_model=is_default_target(target))
-        if is_default_target(target):   # SmolLM2-135M-Instruct
-            from .default_model import smollm2_dir
-
-            target_dir = smollm2_dir()
-        else:
-            target_dir = Path(target)
+        target_dir = target_dir_of(target)
         tensor_parallel = tp is not None and tp.world > 1
         quantization = resolve_quantization(quantization, device, default_model=is_default_target(target),
                                             tensor_parallel=tensor_parallel)

@@ -151,7 +151,7 @@ def test_policy_skipping_drafts_keeps_greedy_output(target, drafters, single_str
     engine = LLMEngine(target, drafters["dflash"], TIGHT)
     for b in (1, 2, 4, 8):                                                # pretend drafting is very slow
         engine.policy.cost.update({(b, w): 1.0 + 10.0 * (w > 0) for w in engine.policy.widths})
-    engine.policy.explore_every = 10 ** 6
+    engine.policy.min_gap = 10 ** 6
     outs = engine.generate(PROMPTS[:12], PARAMS[:12])
     assert [o.token_ids for o in outs] == single_stream[:12]
     assert engine.stats.spec.drafted < engine.stats.spec.verify_steps   # most steps did not draft

@@ -16,17 +16,17 @@ def _measure(policy, batch, cost_of, accepted_of):
         policy.record(batch, w, cost_of(w), [w] * batch, [accepted_of(w)] * batch)
 
 
-def test_tries_the_ends_then_only_widths_that_could_win():
-    policy = DraftWidthPolicy(8, explore_every=1000)
+def test_tries_plain_then_the_widest_then_only_widths_that_could_win():
+    policy = DraftWidthPolicy(8, min_gap=1000)
     assert policy.widths == [0, 1, 2, 3, 4, 5, 6, 7, 8]
     seen = []
     for _ in range(6):                       # drafts never accepted, each verify row dear: plain wins
         seen.append(policy.choose(1))
         policy.record(1, seen[-1], 1.0 + 0.5 * seen[-1], [seen[-1]], [0])
-    assert seen == [8, 0, 0, 0, 0, 0]
-    mid = DraftWidthPolicy(8, explore_every=1000)      # acceptance decays, each verify row costs 10%
+    assert seen == [0, 8, 0, 0, 0, 0]
+    mid = DraftWidthPolicy(8, min_gap=1000)      # acceptance decays, each verify row costs 10%
     cost = {w: 1.0 + (0.1 * w + 0.1 if w else 0.0) for w in mid.widths}
-    for w in (8, 0):
+    for w in (0, 8):
         assert mid.choose(1) == w
         mid.record(1, w, cost[w], [w], [0])
     mid.trials[1:], mid.hits[1:] = [1000] * 8, [900, 700, 400, 200, 100, 50, 20, 10]
@@ -41,34 +41,32 @@ def test_tries_the_ends_then_only_widths_that_could_win():
 
 
 def test_dear_verify_and_weak_drafts_decode_plainly():
-    policy = DraftWidthPolicy(8, explore_every=1000)
+    policy = DraftWidthPolicy(8, min_gap=1000)
     _measure(policy, 1, cost_of=lambda w: 1.0 + 0.5 * w, accepted_of=lambda w: min(w, 1) if w else 0)
     policy.trials[1:], policy.hits[1:] = [100] * 8, [30] + [0] * 7       # 30% first-slot acceptance
     assert policy.choose(1) == 0
 
 
 def test_cheap_verify_and_strong_drafts_go_wide():
-    policy = DraftWidthPolicy(8, explore_every=1000)
+    policy = DraftWidthPolicy(8, min_gap=1000)
     _measure(policy, 1, cost_of=lambda w: 1.0 + (0.3 if w else 0.0), accepted_of=lambda w: w)
     assert policy.choose(1) == 8
     # a middle ground: verify rows cost, acceptance decays -> an interior width
-    mid = DraftWidthPolicy(8, explore_every=1000)
+    mid = DraftWidthPolicy(8, min_gap=1000)
     _measure(mid, 1, cost_of=lambda w: 1.0 + 0.2 * w, accepted_of=lambda w: 0)
     mid.trials[1:], mid.hits[1:] = [1000] * 8, [900, 700, 400, 200, 100, 50, 20, 10]
     rates = {w: mid.expected_tokens(w) / mid._cost(1, w) for w in mid.widths}      # measured or interpolated
     assert mid.choose(1) == max(rates, key=rates.get) not in (0, 8)
 
 
-def test_batch_buckets_exploration_and_off_switch():
-    policy = DraftWidthPolicy(4, explore_every=4)
-    _measure(policy, 8, cost_of=lambda w: 1.0 + w, accepted_of=lambda w: 0)
-    assert policy.choose(16) == 4                           # another bucket: unexplored, widest first
+def test_a_new_bucket_starts_plain_and_scales_what_others_measured():
+    policy = DraftWidthPolicy(4, min_gap=1000)
+    _measure(policy, 8, cost_of=lambda w: 2.0 * (1.0 + w), accepted_of=lambda w: 0)   # drafting loses at 8
+    assert policy.choose(16) == 0                           # another bucket: a plain step first ...
+    policy.record(16, 0, 4.0, [], [])
+    assert policy._cost(16, 3) == 4.0 * 8.0 / 2.0           # ... then bucket 8's relative costs, scaled
+    assert all(policy.choose(16) == 0 for _ in range(5))    # so the widest is not tried again
     assert policy.bucket(5) == policy.bucket(8) == 8
-    picks = [policy.choose(8) for _ in range(60)]
-    looks = [i for i, w in enumerate(picks) if w]
-    assert set(picks) == {0, 1} and len(looks) == 4          # best (0), but a look at its neighbour ...
-    gaps = [b - a for a, b in zip(looks, looks[1:])]
-    assert gaps == [8, 16, 32]             # ... ever rarer while plain decoding wins (at most 8 x explore_every)
     off = DraftWidthPolicy(4, enabled=False)
     off.record(1, 4, 100.0, [4], [0])
     assert off.widths == [4] and all(off.choose(1) == 4 for _ in range(5))
@@ -76,15 +74,35 @@ def test_batch_buckets_exploration_and_off_switch():
         EngineConfig(num_speculative_tokens=-1)
 
 
-def test_exploration_backoff_resets_when_drafting_wins():
-    policy = DraftWidthPolicy(4, explore_every=4, max_backoff=4)
-    _measure(policy, 1, cost_of=lambda w: 1.0 + w, accepted_of=lambda w: 0)
-    for _ in range(40):
-        policy.record(1, 0, 1.0, [], []) if policy.choose(1) == 0 else None
-    assert policy.backoff[1] == 4                            # capped at max_backoff
-    policy.cost = {(1, w): 1.0 for w in policy.widths}       # drafting turns free and always accepted
-    policy.trials[1:], policy.hits[1:] = [100] * 4, [100] * 4
-    assert policy.choose(1) == 4 and policy.backoff[1] == 1
+def test_looks_cost_at_most_their_share_of_decoding_time():
+    """A drafter that cannot pay: the looks at its narrowest width lose at most `explore_share` of the
+    time against decoding plainly throughout, and are at least `min_gap` steps apart."""
+    policy = DraftWidthPolicy(4, explore_share=0.03, min_gap=16)
+    cost = {w: 1.0 + 0.5 * w for w in policy.widths}
+    spent, picks = 0.0, []
+    for _ in range(2000):
+        w = policy.choose(8)
+        picks.append(w)
+        spent += cost[w]
+        policy.record(8, w, cost[w], [w] * 8, [0] * 8)
+    looks = [i for i, w in enumerate(picks) if w and i > 1]     # after the first plain step and the widest
+    assert set(picks[2:]) == {0, 1} and len(looks) > 10
+    assert min(b - a for a, b in zip(looks, looks[1:])) >= 16
+    assert spent - 2000 * cost[0] <= 0.03 * spent + cost[4]     # the widest's one step, plus the share
+
+
+def test_a_drafter_that_starts_to_accept_is_found_by_the_looks():
+    policy = DraftWidthPolicy(4, min_gap=8)
+    cost = {w: 1.0 + 0.1 * w for w in policy.widths}
+    accepting = False
+    picks = []
+    for step in range(1500):
+        accepting = step >= 300                   # drafts rejected at first, then always accepted
+        picks.append(policy.choose(1))
+        w = picks[-1]
+        policy.record(1, w, cost[w], [w], [w if accepting else 0])
+    assert set(picks[10:300]) == {0, 1} and picks[250:300].count(0) > 40    # plain, with rare looks
+    assert picks[400:].count(4) > 0.8 * len(picks[400:])                  # then the widest wins
 
 
 def test_policy_never_changes_greedy_or_seeded_output(target, drafters):
@@ -96,7 +114,7 @@ def test_policy_never_changes_greedy_or_seeded_output(target, drafters):
     cfg = dict(max_batch=6, cache_budget_bytes=2_000_000, page_size=8, max_model_len=72)
     fixed = LLMEngine(target, drafters["dspark"], EngineConfig(**cfg, adaptive_speculation=False))
     adaptive = LLMEngine(target, drafters["dspark"], EngineConfig(**cfg))
-    adaptive.policy.explore_every = 2                       # exercise many widths within 24 tokens
+    adaptive.policy.min_gap, adaptive.policy.explore_share = 2, 1.0     # exercise many widths within 24 tokens
     ref, got = fixed.generate(prompts, params), adaptive.generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in ref]
     assert len({w for (_, w) in adaptive.policy.cost}) > 2
@@ -129,13 +147,12 @@ def test_measurements_persist_and_a_new_engine_starts_from_them(target, drafters
 
 
 def test_restore_keeps_the_policy_choosing_without_exploring_again():
-    measured = DraftWidthPolicy(8, explore_every=1000)
+    measured = DraftWidthPolicy(8, min_gap=1000)
     _measure(measured, 1, lambda w: 1.0 + 0.5 * w, lambda w: 0)      # plain decoding wins
-    measured.backoff[1] = 4                                          # plain decoding kept winning
-    fresh = DraftWidthPolicy(8, explore_every=1000)
+    fresh = DraftWidthPolicy(8, min_gap=1000)
     assert fresh.restore(measured.state())
-    assert [fresh.choose(1) for _ in range(3)] == [0, 0, 0]
-    assert fresh.next_look[1] == 4000 and fresh.next_look[2] == 1000   # looks again as late as it had backed off
+    assert [fresh.choose(1) for _ in range(3)] == [0, 0, 0]           # neither plain nor the widest again
+    assert [fresh.choose(2) for _ in range(3)] == [0, 0, 0]           # another bucket: scaled, not explored
     bad = measured.state() | {"hits": [5] * 9, "trials": [1] * 9}    # more hits than trials
     assert not DraftWidthPolicy(8).restore(bad)
 
@@ -143,13 +160,13 @@ def test_restore_keeps_the_policy_choosing_without_exploring_again():
 def test_a_plain_cost_measured_in_a_slow_spell_does_not_keep_drafting():
     """While a width drafts, plain steps are looked at too: a plain cost measured once while the machine
     was slow (so drafting looked cheaper than it is) is refreshed, and plain decoding wins again."""
-    policy = DraftWidthPolicy(4, explore_every=4)
+    policy = DraftWidthPolicy(4)
     policy.trials[1:], policy.hits[1:] = [100] * 4, [30, 10, 3, 1]           # E(3) ~ 1.4
     policy.cost = {(1, 0): 3.0, (1, 1): 1.6, (1, 2): 1.7, (1, 3): 1.8, (1, 4): 1.9}   # plain measured slow
     true_cost = {0: 1.0, 1: 1.6, 2: 1.7, 3: 1.8, 4: 1.9}
     picks = []
-    for _ in range(120):
+    for _ in range(300):
         w = policy.choose(1)
         picks.append(w)
         policy.record(1, w, true_cost[w], [], [])
-    assert picks[0] != 0 and 0 in picks[:12] and picks[-12:] == [0] * 12
+    assert picks[0] != 0 and 0 in picks[:80] and picks[-100:].count(0) > 90    # plain again, with rare looks
