@@ -190,8 +190,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         import onnx  # noqa: F401
     except ImportError as e:
         raise ConfigError(f"export onnx needs the onnx extra ({e.name} is missing): pip install 'blockdraft[onnx]'")
-    out = export_onnx(target_dir_of(args.target), resolve_drafter_dir(args.target, args.drafter), args.out, args.dtype, args.top_k,
-                      page_size=args.page_size, max_batch_size=args.max_batch_size, kv_tokens=args.kv_tokens)
+    out = export_onnx(target_dir_of(args.target), resolve_drafter_dir(args.target, args.drafter), args.out,
+                      args.dtype, args.top_k, page_size=args.page_size, max_batch_size=args.max_batch_size,
+                      kv_tokens=args.kv_tokens)
     print(json.dumps({"out": str(out), "files": sorted(p.name for p in out.iterdir())}))
     return 0
 
