@@ -1,0 +1,107 @@
+"""Plain int4 decoding at one thread and at torch's default, against ONNX Runtime GenAI int4 at one
+thread and at its default, side by side (the default model, batch 1, greedy).
+
+    python benchmarks/bench_threads.py [--rounds 5] [--prompts 6] [--tokens 48]
+
+Each round runs every mode over the same prompts, one after another (this machine drifts: ratios
+are taken per round). Our mode at torch's default thread count is what `blockdraft generate`
+runs (it sets no thread count); ORT-GenAI's default is one intra-op thread per core. Writes
+`benchmarks/results/threads.json` and `docs/threads.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--tokens", type=int, default=48)
+    args = ap.parse_args()
+    default_threads = torch.get_num_threads()
+
+    import blockdraft
+    from blockdraft.bench import ortgenai
+    from blockdraft.bench.prompt_sets import load_set
+    from blockdraft.default_model import cache_root, smollm2_dir
+    from blockdraft.numerics import cpu_model
+
+    llm = blockdraft.LLM(drafter="none", max_batch=1, quantization="int4")
+    tok = llm.tokenizer
+    texts = load_set("chat", args.prompts)
+    prompts = [tok.encode_chat([{"role": "user", "content": t}]) for t in texts]
+    rendered = [tok.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
+    eos = set(llm._eos_ids())
+    built = ortgenai.build(smollm2_dir(), "int4", cache_root())
+    if built is None:
+        sys.exit("ONNX Runtime GenAI's builder is not available (pip install 'blockdraft[onnx]')")
+    params = blockdraft.SamplingParams(max_tokens=args.tokens)
+
+    def ours(threads: int) -> float:
+        torch.set_num_threads(threads)
+        n, t0 = 0, time.perf_counter()
+        for p in prompts:
+            n += len(llm.generate(prompt_token_ids=[p], sampling_params=params)[0].token_ids)
+        return n / (time.perf_counter() - t0)
+
+    def ort(threads: int | None) -> float:
+        n, seconds = 0, 0.0
+        for text in rendered:
+            s, outs = ortgenai.generator_generate(built, [text], 1, args.tokens, threads=threads)
+            seconds += s
+            n += sum(len(ortgenai.until_eos(o, eos)) for o in outs)
+        return n / seconds
+
+    modes = {"ours_1_thread": lambda: ours(1),
+             f"ours_{default_threads}_threads (default)": lambda: ours(default_threads),
+             "ortgenai_1_thread": lambda: ort(1), "ortgenai_default_threads": lambda: ort(None)}
+    for run in modes.values():          # warm-up: first-use conversions, the int4 build's session
+        run()
+    rates: dict[str, list[float]] = {m: [] for m in modes}
+    for r in range(args.rounds):
+        for mode, run in modes.items():
+            rates[mode].append(run())
+        print(r, {m: round(v[-1], 1) for m, v in rates.items()}, file=sys.stderr, flush=True)
+    ours1, ours_d, ort1, ort_d = rates.values()
+    ratio = {"ours_1_vs_ortgenai_1": [a / b for a, b in zip(ours1, ort1)],
+             "ours_default_vs_ortgenai_default": [a / b for a, b in zip(ours_d, ort_d)],
+             "ours_best_vs_ortgenai_best": [max(a, c) / max(b, d) for a, c, b, d in zip(ours1, ours_d, ort1, ort_d)]}
+    report = {"cpu": cpu_model(), "torch_default_threads": default_threads, "prompts": len(prompts),
+              "max_new_tokens": args.tokens, "rounds": args.rounds,
+              "tokens_per_s": {m: {"median": statistics.median(v), "rounds": v} for m, v in rates.items()},
+              "ratios": {k: {"median": statistics.median(v), "rounds": v} for k, v in ratio.items()}}
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "threads.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report, indent=1))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8, 3.5))
+        ax.bar(range(len(rates)), [statistics.median(v) for v in rates.values()])
+        ax.set_xticks(range(len(rates)), list(rates), fontsize=8, rotation=10)
+        ax.set_ylabel("generated tokens/s (median of rounds)")
+        ax.set_title(f"SmolLM2-135M int4, batch 1, {len(prompts)} chat prompts x {args.tokens} tokens")
+        fig.tight_layout()
+        fig.savefig(ROOT / "docs" / "threads.png", dpi=110)
+    except ImportError:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
