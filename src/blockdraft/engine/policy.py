@@ -34,7 +34,7 @@ from collections import defaultdict
 
 
 class DraftWidthPolicy:
-    def __init__(self, max_width: int, enabled: bool = True, explore_share: float = 0.03, min_gap: int = 16,
+    def __init__(self, max_width: int, enabled: bool = True, explore_share: float = 0.01, min_gap: int = 32,
                  margin: float = 1.05):
         self.max_width, self.enabled, self.margin = max_width, enabled and max_width > 0, margin
         self.explore_share, self.min_gap = explore_share, min_gap
