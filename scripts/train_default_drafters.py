@@ -8,8 +8,8 @@ drafters prune their vocabulary to the same most-frequent response ids (`train/v
 
     python scripts/train_default_drafters.py train [--hours H]   # resumable; checkpoints <= 10 min apart
     python scripts/train_default_drafters.py train --continue-shipped   # a new run from the shipped weights
-    python scripts/train_default_drafters.py eval                # held-out AL of every snapshot -> curve
-    python scripts/train_default_drafters.py publish             # the last snapshot -> assets + MODEL_CARDs
+    python scripts/train_default_drafters.py eval                # held-out AL of every snapshot -> the run's curve
+    python scripts/train_default_drafters.py publish             # the last snapshot -> assets + MODEL_CARDs + docs curve
 
 State lives in $BLOCKDRAFT_CACHE/train-smollm2 (never in git): `state.pt` (resume) and
 `snapshots/step_N/{dflash,dspark}` (published layout, for the curve).
@@ -270,7 +270,7 @@ def cmd_eval(args) -> None:
             path.write_text(json.dumps(curve, indent=1))
             print(f"{key}: " + ", ".join(f"{s} {v['mean_al']:.2f}" for s, v in curve[key]["sets"].items())
                   + f" ({time.time() - t0:.0f} s)", flush=True)
-    plot_curve(curve, ROOT / "docs" / "drafter_curve.png")
+    plot_curve(curve, CACHE / "curve.png")      # the versioned plot follows the versioned curve (publish)
 
 
 def plot_curve(curve: dict, out: Path) -> None:
@@ -372,6 +372,7 @@ def cmd_publish(args) -> None:
             cpu=run["cpu"], loss=hist[-1]["loss"], n_prompts=EVAL_PROMPTS, eval_tokens=EVAL_TOKENS, rows=rows))
         print(f"published {kind} step {step} -> {out}")
     CURVE_JSON.write_text(json.dumps(curve, indent=1) + "\n")   # a continued run's curve holds the earlier points
+    plot_curve(curve, ROOT / "docs" / "drafter_curve.png")
 
 
 def main() -> None:
