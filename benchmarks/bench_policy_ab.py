@@ -32,15 +32,21 @@ def main() -> int:
     ap.add_argument("--explore-share", type=float, help="the policy's exploration budget (default: the shipped)")
     ap.add_argument("--min-gap", type=int, help="the policy's fewest steps between looks (default: the shipped)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--drafters", default="dspark,dflash",
+                    help="speculative modes beside AR; NAME-plain: that drafter's engine held at width 0 "
+                    "(what a speculative engine costs when it never drafts)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
     import blockdraft
     from blockdraft.bench.prompt_sets import load_set
 
-    modes = {name: blockdraft.LLM(drafter=name, max_batch=max(8, args.batch), quantization=args.quantization)
-             for name in ("none", "dspark", "dflash")}
-    for llm in modes.values():
+    names = ["none"] + args.drafters.split(",")
+    modes = {name: blockdraft.LLM(drafter=name.removesuffix("-plain"), max_batch=max(8, args.batch),
+                                  quantization=args.quantization) for name in names}
+    for name, llm in modes.items():
+        if name.endswith("-plain"):
+            llm.engine.policy.choose = lambda batch: 0
         if args.explore_share is not None:
             llm.engine.policy.explore_share = args.explore_share
         if args.min_gap is not None:
@@ -64,8 +70,8 @@ def main() -> int:
         print(r, {m: round(v[-1], 3) for m, v in ratios.items()}, file=sys.stderr, flush=True)
     ar_rate = pooled["none"][1] / pooled["none"][0]
     report = {"batch": args.batch, "tokens": args.tokens, "rounds": args.rounds, "quantization": args.quantization,
-              "threads": args.threads, "explore_share": modes["dspark"].engine.policy.explore_share,
-              "min_gap": modes["dspark"].engine.policy.min_gap,
+              "threads": args.threads, "explore_share": modes[names[1]].engine.policy.explore_share,
+              "min_gap": modes[names[1]].engine.policy.min_gap,
               "vs_ar": {m: {"median": statistics.median(v), "min": min(v), "max": max(v), "rounds": v,
                             "pooled": pooled[m][1] / pooled[m][0] / ar_rate} for m, v in ratios.items() if m != "none"}}
     out = ROOT / "benchmarks" / "results"

@@ -46,11 +46,12 @@ CURVE_JSON = ROOT / "docs" / "drafter_curve.json"     # versioned: every publish
 EVAL_SETS, EVAL_PROMPTS, EVAL_TOKENS = ("chat", "humaneval", "math"), 6, 96
 
 
-def run_config(steps: int, lr: float = 1e-3, first_draw: int = 0, anchors: int = 48) -> "TrainConfig":
+def run_config(steps: int, lr: float = 1e-3, first_draw: int = 0, anchors: int = 48,
+               gamma: float = 4.0) -> "TrainConfig":
     from blockdraft.train.trainer import TrainConfig
 
     return TrainConfig(steps=steps, lr=lr, warmup=100, seqs_per_step=2, anchors_per_seq=anchors, seed=0,
-                       first_draw=first_draw, save_every=250, save_every_seconds=600)
+                       first_draw=first_draw, save_every=250, save_every_seconds=600, position_gamma=gamma)
 
 
 def next_draw(run: dict, local_steps: int) -> int:
@@ -179,9 +180,9 @@ def cmd_train(args) -> None:
             sys.exit(f"{CFG_FILE}: this run was started on other teacher data ({run['data']}); "
                      f"now {data_info}. Move {CACHE} away to start a new run.")
         c = run["config"]
-        cfg = run_config(c["steps"], c["lr"], c.get("first_draw", 0), c["anchors_per_seq"])
+        cfg = run_config(c["steps"], c["lr"], c.get("first_draw", 0), c["anchors_per_seq"], c.get("position_gamma", 4.0))
     else:
-        cfg = run_config(args.steps, args.lr, prior["next_draw"] if prior else 0, args.anchors)
+        cfg = run_config(args.steps, args.lr, prior["next_draw"] if prior else 0, args.anchors, args.gamma)
         if prior is not None:  # the shipped vocabulary and weights carry over; the curve counts their tokens
             vocab = prior.pop("vocab")
         CFG_FILE.write_text(json.dumps({"config": asdict(cfg), "data": data_info, "vocab": vocab, "kinds": list(KINDS),
@@ -385,6 +386,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of a new run")
     ap.add_argument("--anchors", type=int, default=48,
                     help="anchors per sequence per step of a new run (more share one teacher-forced pass)")
+    ap.add_argument("--gamma", type=float, default=4.0,
+                    help="loss weight of draft slot k in a new run: exp(-k / gamma) (inf: every slot alike)")
     ap.add_argument("--layers", type=int, default=None,
                     help=f"drafter depth of a new run (default {LAYERS}; the depth lever: compare AL per cost)")
     ap.add_argument("--continue-shipped", action="store_true",

@@ -90,6 +90,26 @@ def test_dspark_loss_parts(target, drafters):
     assert torch.isfinite(dflash_loss(flash, blocks_at(flash, flash_seq.taps, None, flash_seq.ids, anchors))["loss"])
 
 
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_position_gamma_weighs_the_slots(target, drafters, kind):
+    """Slot k weighs exp(-k / gamma): gamma = inf is the plain mean over slots, and a small gamma
+    is (nearly) the first slot's loss alone."""
+    from torch.nn import functional as F
+
+    drafter = drafters[kind]
+    seq = teacher_data(target, PROMPTS[:1], 16, drafter.config.taps)[0]
+    block = blocks_at(drafter, seq.taps, seq.final, seq.ids, torch.tensor([3, 5, 7]), target.lm_head)
+    loss = dspark_loss if kind == "dspark" else dflash_loss
+    z = drafter.logits(block.hidden).float()
+    if kind == "dspark":
+        z = z + drafter.markov_head(block.prev)[0]
+    ce = F.cross_entropy(z, drafter.to_draft(block.labels).clamp_min(0), reduction="none")
+    assert float(loss(drafter, block, gamma=float("inf"))["ce"]) == pytest.approx(float(ce.mean()), rel=1e-5)
+    first = block.slot == 0
+    assert float(loss(drafter, block, gamma=1e-3)["ce"]) == pytest.approx(float(ce[first].mean()), rel=1e-4)
+    assert float(loss(drafter, block)["ce"]) != pytest.approx(float(ce.mean()), rel=1e-3)   # default: 4
+
+
 @pytest.mark.parametrize("name", ["dflash", "dspark", "dflash-sliding"])
 def test_batched_training_blocks_equal_the_inference_path(target, drafters, name):
     """All anchors of a sequence at once (training) == one anchor at a time through a KV cache (runtime)."""

@@ -82,7 +82,7 @@ def _draft_labels(drafter: BlockDrafter, labels: torch.Tensor) -> tuple[torch.Te
 
 
 def dflash_loss(drafter: BlockDrafter, block: Block, gamma: float = 4.0) -> dict:
-    """Cross-entropy per slot, weighted exp(-(k-1)/gamma) for slot k = 1..n."""
+    """Cross-entropy per slot, weighted exp(-(k-1)/gamma) for slot k = 1..n (gamma = inf: uniform)."""
     logits = drafter.logits(block.hidden).float()                              # [N, Vd]
     labels, covered = _draft_labels(drafter, block.labels)
     w = torch.exp(-block.slot.float() / gamma) * block.weight * covered
@@ -91,9 +91,9 @@ def dflash_loss(drafter: BlockDrafter, block: Block, gamma: float = 4.0) -> dict
 
 
 def dspark_loss(drafter: BlockDrafter, block: Block, ce_alpha: float = 0.1, l1_alpha: float = 0.9,
-                conf_alpha: float = 1.0) -> dict:
+                conf_alpha: float = 1.0, gamma: float = 4.0) -> dict:
     """DeepSpec: 0.1 CE + 0.9 L1(softmax(z), p) with z = logits + W2(W1[prev]) (teacher-forced),
-    position weights exp(-k/4); the confidence head regresses (BCE) onto 1 - ½‖softmax(z) - p‖₁."""
+    position weights exp(-k/gamma); the confidence head regresses (BCE) onto 1 - ½‖softmax(z) - p‖₁."""
     if block.target_logits is None:
         raise ConfigError("dspark_loss needs the target's logits: build the block with head=target.lm_head")
     bias, embed = drafter.markov_head(block.prev)
@@ -103,7 +103,7 @@ def dspark_loss(drafter: BlockDrafter, block: Block, ce_alpha: float = 0.1, l1_a
     if drafter.config.pruned_vocab:  # q is 0 off the draft vocabulary: that part of |q - p| is p's mass there
         p = p[:, drafter.to_target(torch.arange(z.shape[-1]))]
         outside = (1 - p.sum(-1)).clamp_min(0)
-    w = torch.exp(-block.slot.float() / 4) * block.weight
+    w = torch.exp(-block.slot.float() / gamma) * block.weight
     labels, covered = _draft_labels(drafter, block.labels)
     ce = F.cross_entropy(z, labels, reduction="none") * covered
     l1 = (torch.softmax(z, dim=-1) - p).abs().sum(-1) + outside                # in [0, 2]

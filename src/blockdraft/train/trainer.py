@@ -44,6 +44,7 @@ class TrainConfig:
     save_every: int = 50              # checkpoint every N steps ...
     save_every_seconds: float = 600   # ... and at least this often (an interrupted run loses little)
     new_tokens: int = 64
+    position_gamma: float = 4.0       # loss weight of draft slot k: exp(-k / gamma) (inf: every slot alike)
 
 
 @dataclass
@@ -228,8 +229,8 @@ def fit_jointly(drafters: dict[str, BlockDrafter], data: list[TeacherSeq], cfg: 
     for step in range(start, cfg.steps):
         picked = [data[i] for i in drawn_sequences(len(data), step, cfg)]
         missing = [s for s in picked if s.taps is None]
-        if missing:
-            forced = iter(teacher_force(target, missing, joint))
+        if missing:     # one pass per sequence: a padded batch of them wasted ~30% on padding rows
+            forced = iter([teacher_force(target, [s], joint)[0] for s in missing])
             picked = [next(forced) if s.taps is None else s for s in picked]
         anchors = []
         for seq in picked:
@@ -246,7 +247,7 @@ def fit_jointly(drafters: dict[str, BlockDrafter], data: list[TeacherSeq], cfg: 
                 taps = seq.taps if not missing else _taps_for(drafter, seq, joint, last_layer)
                 block = blocks_at(drafter, taps, seq.final, seq.ids, where,
                                   (head or drafter.shared.lm_head) if dspark else None)
-                parts = (dspark_loss if dspark else dflash_loss)(drafter, block)
+                parts = (dspark_loss if dspark else dflash_loss)(drafter, block, gamma=cfg.position_gamma)
                 (parts["loss"] / cfg.seqs_per_step).backward()
                 for k, v in parts.items():
                     totals[k] = totals.get(k, 0.0) + float(v.detach()) / cfg.seqs_per_step
