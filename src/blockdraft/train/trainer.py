@@ -229,7 +229,7 @@ def fit_jointly(drafters: dict[str, BlockDrafter], data: list[TeacherSeq], cfg: 
     for step in range(start, cfg.steps):
         picked = [data[i] for i in drawn_sequences(len(data), step, cfg)]
         missing = [s for s in picked if s.taps is None]
-        if missing:     # one pass per sequence: a padded batch of them wasted ~30% on padding rows
+        if missing:     # one pass per sequence: a padded pair spent 29% of its rows on padding (one measured)
             forced = iter([teacher_force(target, [s], joint)[0] for s in missing])
             picked = [next(forced) if s.taps is None else s for s in picked]
         anchors = []
