@@ -1,12 +1,13 @@
 """Speculation with the width policy against plain decoding, many short rounds side by side.
 
     python benchmarks/bench_policy_ab.py [--rounds 16] [--batch 6] [--quantization none|int4]
-                                         [--explore-share S] [--min-gap N]
+                                         [--explore-share S] [--min-gap N] [--drafters dspark,dspark-plain,dflash]
 
-Each round runs AR, DSpark and DFlash (the policy on, its exploration budget as given; default:
-the shipped one) over the same chat prompts as one `generate` call each, the order alternating
-between rounds. Reports per-round ratios to AR (median, min, max) and the ratio of tokens/s pooled
-over all rounds; writes `benchmarks/results/policy_ab.json`.
+Each round runs AR and each of `--drafters` (default DSpark and DFlash; the policy on, its
+exploration budget as given, default the shipped one; `NAME-plain` holds that engine at width 0)
+over the same chat prompts as one `generate` call each, the order alternating between rounds.
+Reports per-round ratios to AR (median, min, max) and the ratio of tokens/s pooled over all
+rounds; writes `benchmarks/results/policy_ab.json`.
 """
 
 from __future__ import annotations

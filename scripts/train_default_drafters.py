@@ -366,7 +366,9 @@ def cmd_publish(args) -> None:
             continued=continued + ("; its body, under the new head its vocabulary layout asks for"
                                    if kind in new_heads else ""),
             continue_flag=(" --continue-shipped" if prior_steps else "") + (f" --kinds {kind}" if alone else "")
-            + f" --steps {cfg['steps']} --lr {cfg['lr']}" + (f" --hours {run['hours']}" if run.get("hours") else ""), lr=cfg["lr"], warmup=cfg["warmup"],
+            + f" --steps {cfg['steps']} --lr {cfg['lr']}" + (f" --hours {run['hours']}" if run.get("hours") else "")
+            + (f" --gamma {cfg['position_gamma']:g}" if cfg.get("position_gamma", 4.0) != 4.0 else ""),
+            lr=cfg["lr"], warmup=cfg["warmup"],
             hours=state.get("elapsed", 0) / 3600, threads=run["threads"],
             earlier=f" (plus {prior_hours:.1f} h for the {prior_steps} steps it continued)" if prior_steps else "",
             jointly=f", {kind} alone" if alone else ", the same batches for DFlash and DSpark, trained together",
