@@ -130,9 +130,9 @@ def ngram_al(train, seqs, n: int = 3, block: int = 8) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="random,target-last")
+    ap.add_argument("--variants", default="random,target-last,fc-scaled")
     ap.add_argument("--kind", default="dspark")
-    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--gamma", type=float, default=4.0, help="loss weight of slot k: exp(-k / gamma)")
