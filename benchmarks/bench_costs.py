@@ -16,12 +16,11 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
+from results_io import new_figure, save_figure, write_results
 ROWS = (1, 2, 4, 8, 9, 16)
 
 
@@ -93,17 +92,10 @@ def main() -> int:
               "cpu_native_bf16": native_bf16(), "amx": "amx_bf16" in cpu_flags(),
               "ms": {n: {r: 1e3 * statistics.median(v) for r, v in per.items()} for n, per in times.items()}}
     report["ratio_vs_1_row"] = {n: {r: v / per[1] for r, v in per.items()} for n, per in report["ms"].items()}
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "costs.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_results("costs", report)
     print(json.dumps(report["ms"], indent=1))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 3.8))
+    if made := new_figure(figsize=(7, 3.8)):
+        fig, ax = made
         for name, per in report["ms"].items():
             ax.plot(list(per), list(per.values()), marker="o",
                     label=name if name in targets else f"drafter {name} (bf16, logits rows)")
@@ -111,10 +103,7 @@ def main() -> int:
         ax.set_ylabel("ms (median)")
         ax.set_title(f"SmolLM2-135M step cost, context {args.context}, {args.threads} thread(s)")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(ROOT / "docs" / "costs.png", dpi=110)
-    except ImportError:
-        pass
+        save_figure(fig, "costs")
     return 0
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from results_io import new_figure, save_figure, write_results
 
 
 def main() -> int:
@@ -135,17 +135,10 @@ def main() -> int:
     report = {"numerics": {m: llm.numerics for m, llm in ours.items()}, "threads": args.threads, "prompts": len(prompts),
               "max_new_tokens": args.tokens, "repeats": args.repeats, "results": raw, "mean_al": al,
               "cpu": cpu_model()}
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "default_model.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_results("default_model", report)
     print(json.dumps(report, indent=1))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(11, 4))
+    if made := new_figure(figsize=(11, 4)):
+        fig, ax = made
         width = 0.8 / len(batches)
         for j, batch in enumerate(batches):
             names = list(raw[batch])
@@ -156,10 +149,7 @@ def main() -> int:
         ax.set_ylabel("generated tokens/s")
         ax.set_title(f"SmolLM2-135M, {len(prompts)} chat prompts x {args.tokens} tokens, {args.threads} thread(s)")
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(ROOT / "docs" / "default_model.png", dpi=110)
-    except ImportError:
-        pass
+        save_figure(fig, "default_model")
     return 0
 
 

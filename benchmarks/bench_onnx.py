@@ -39,8 +39,8 @@ from blockdraft.numerics import cpu_model
 from blockdraft.sampling.params import SamplingParams
 from blockdraft.sampling.stops import StopCriteria
 from blockdraft.tokenizer import Tokenizer
+from results_io import new_figure, save_figure, write_results
 
-ROOT = Path(__file__).resolve().parents[1]
 CACHE = cache_root()
 
 
@@ -116,24 +116,16 @@ def main() -> int:
                                   a / b for a, b in zip(v, rate["og_engine_plain"]))} for m, v in rate.items()}
     report = {"export": str(export), "prompts": len(prompts), "max_new_tokens": args.tokens, "repeats": args.repeats,
               "results": results, "cpu": cpu_model()}
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "onnx.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_results("onnx", report)
     print(json.dumps(report, indent=1))
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 3.6), squeeze=False)
+    fig, axes = new_figure(nrows=1, ncols=len(batches), figsize=(5 * len(batches), 3.6), squeeze=False)
     for ax, batch in zip(axes[0], batches):
         names = list(results[batch])
         ax.bar(range(len(names)), [results[batch][m]["tokens_per_s"] for m in names])
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
         ax.set_title(f"batch {batch}")
         ax.set_ylabel("tokens/s")
-    fig.tight_layout()
-    fig.savefig(ROOT / "docs" / "onnx_engines.png", dpi=110)
+    save_figure(fig, "onnx_engines")
     return 0
 
 

@@ -17,11 +17,10 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from results_io import write_results
 
 
 def main() -> int:
@@ -75,9 +74,7 @@ def main() -> int:
               "min_gap": modes[names[1]].engine.policy.min_gap,
               "vs_ar": {m: {"median": statistics.median(v), "min": min(v), "max": max(v), "rounds": v,
                             "pooled": pooled[m][1] / pooled[m][0] / ar_rate} for m, v in ratios.items() if m != "none"}}
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "policy_ab.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_results("policy_ab", report)
     print(json.dumps({m: {k: round(v[k], 3) for k in ("median", "min", "max", "pooled")}
                       for m, v in report["vs_ar"].items()}, indent=1))
     return 0

@@ -16,11 +16,10 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from results_io import new_figure, save_figure, write_results
 
 
 def main() -> int:
@@ -81,25 +80,15 @@ def main() -> int:
               "max_new_tokens": args.tokens, "rounds": args.rounds,
               "tokens_per_s": {m: {"median": statistics.median(v), "rounds": v} for m, v in rates.items()},
               "ratios": {k: {"median": statistics.median(v), "rounds": v} for k, v in ratio.items()}}
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "threads.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_results("threads", report)
     print(json.dumps(report, indent=1))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(8, 3.5))
+    if made := new_figure(figsize=(8, 3.5)):
+        fig, ax = made
         ax.bar(range(len(rates)), [statistics.median(v) for v in rates.values()])
         ax.set_xticks(range(len(rates)), list(rates), fontsize=8, rotation=10)
         ax.set_ylabel("generated tokens/s (median of rounds)")
         ax.set_title(f"SmolLM2-135M int4, batch 1, {len(prompts)} chat prompts x {args.tokens} tokens")
-        fig.tight_layout()
-        fig.savefig(ROOT / "docs" / "threads.png", dpi=110)
-    except ImportError:
-        pass
+        save_figure(fig, "threads")
     return 0
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from results_io import new_figure, save_figure, write_results
 
 
 def main() -> int:
@@ -80,26 +80,16 @@ def main() -> int:
               "tokens_per_s": {m: statistics.median(v) for m, v in rates.items()},
               "vs_plain": {m: statistics.median(x / y for x, y in zip(v, rates["plain"])) for m, v in rates.items()},
               "raw": rates}
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "width_memory.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_results("width_memory", report)
     print(json.dumps({k: v for k, v in report.items() if k != "raw"}, indent=1))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 3.5))
+    if made := new_figure(figsize=(6, 3.5)):
+        fig, ax = made
         names = list(rates)
         ax.bar(names, [report["vs_plain"][m] for m in names])
         ax.axhline(0.95, ls="--", c="gray", lw=1)
         ax.set_ylabel("tokens/s vs plain decoding")
         ax.set_title(f"one {args.tokens}-token request per new engine ({args.drafter}, {args.quantization})")
-        fig.tight_layout()
-        fig.savefig(ROOT / "docs" / "width_memory.png", dpi=110)
-    except ImportError:
-        pass
+        save_figure(fig, "width_memory")
     return 0
 
 
