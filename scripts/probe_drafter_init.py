@@ -48,16 +48,21 @@ def init_from_target(drafter, target, layers: list[int], fc_tap: int | None) -> 
             drafter.fc.weight[:, fc_tap * h:(fc_tap + 1) * h] += torch.eye(h)
 
 
+def forced_with_taps(drafter, target, seqs) -> list[tuple]:
+    """Each sequence teacher-forced by the target, with this drafter's packed taps [1, L, F]."""
+    from blockdraft.train.trainer import _joint_taps, _taps_for, teacher_force
+
+    joint = _joint_taps({"d": drafter}, target)
+    return [(seq, _taps_for(drafter, seq, joint, target.config.num_layers - 1))
+            for seq in teacher_force(target, seqs, joint)]
+
+
 @torch.no_grad()
 def init_fc_by_tap_scale(drafter, target, seqs) -> None:
     """Scale the context projection's columns by 1/RMS of their tap channel (measured on `seqs`), so
     every channel starts with an equal say: SmolLM2's taps hold massive activations (channel 507 has
     RMS ~1,600 at layers 15 and 22 against a median of 5-9) that otherwise fill the projected context."""
-    from blockdraft.train.trainer import _joint_taps, _taps_for, teacher_force
-
-    joint = _joint_taps({"d": drafter}, target)
-    taps = torch.cat([_taps_for(drafter, s, joint, target.config.num_layers - 1)[0]
-                      for s in teacher_force(target, seqs, joint)]).float()           # [N, F]
+    taps = torch.cat([t[0] for _, t in forced_with_taps(drafter, target, seqs)]).float()   # [N, F]
     rms = taps.pow(2).mean(0).sqrt().clamp_min(1e-3)                                   # [F]
     w = torch.randn(drafter.fc.weight.shape, generator=torch.Generator().manual_seed(0)) / rms.shape[0] ** 0.5
     drafter.fc.weight.copy_(w / rms)
@@ -78,16 +83,12 @@ def eval_sequences(llm, tokens: int):
 def forced_al(drafter, target, seqs) -> tuple[float, list[float]]:
     """Teacher-forced expected AL over every response anchor, and P(slot k right | slots < k right)."""
     from blockdraft.train.losses import blocks_at
-    from blockdraft.train.trainer import _joint_taps, _taps_for, teacher_force
 
-    joint = _joint_taps({"d": drafter}, target)
-    forced = teacher_force(target, seqs, joint)
     n = drafter.config.num_draft_tokens
     prefix_sum, anchors_total = torch.zeros(n), 0
-    for seq in forced:
+    for seq, taps in forced_with_taps(drafter, target, seqs):
         lo, hi = seq.anchor_range
         anchors = torch.arange(lo, hi - n)          # full blocks only
-        taps = _taps_for(drafter, seq, joint, target.config.num_layers - 1)
         block = blocks_at(drafter, taps, seq.final, seq.ids, anchors)
         z = drafter.logits(block.hidden).float()
         if drafter.config.kind == "dspark":

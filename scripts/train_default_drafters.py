@@ -30,6 +30,7 @@ import torch
 
 from blockdraft.default_model import cache_root
 from blockdraft.numerics import cpu_model
+from blockdraft.train.trainer import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "teacher" / "smollm2"
@@ -47,9 +48,7 @@ EVAL_SETS, EVAL_PROMPTS, EVAL_TOKENS = ("chat", "humaneval", "math"), 6, 96
 
 
 def run_config(steps: int, lr: float = 1e-3, first_draw: int = 0, anchors: int = 48,
-               gamma: float = 4.0) -> "TrainConfig":
-    from blockdraft.train.trainer import TrainConfig
-
+               gamma: float = TrainConfig.position_gamma) -> TrainConfig:
     return TrainConfig(steps=steps, lr=lr, warmup=100, seqs_per_step=2, anchors_per_seq=anchors, seed=0,
                        first_draw=first_draw, save_every=250, save_every_seconds=600, position_gamma=gamma)
 
@@ -180,7 +179,8 @@ def cmd_train(args) -> None:
             sys.exit(f"{CFG_FILE}: this run was started on other teacher data ({run['data']}); "
                      f"now {data_info}. Move {CACHE} away to start a new run.")
         c = run["config"]
-        cfg = run_config(c["steps"], c["lr"], c.get("first_draw", 0), c["anchors_per_seq"], c.get("position_gamma", 4.0))
+        cfg = run_config(c["steps"], c["lr"], c.get("first_draw", 0), c["anchors_per_seq"],
+                         c.get("position_gamma", TrainConfig.position_gamma))
     else:
         cfg = run_config(args.steps, args.lr, prior["next_draw"] if prior else 0, args.anchors, args.gamma)
         if prior is not None:  # the shipped vocabulary and weights carry over; the curve counts their tokens
@@ -367,7 +367,8 @@ def cmd_publish(args) -> None:
                                    if kind in new_heads else ""),
             continue_flag=(" --continue-shipped" if prior_steps else "") + (f" --kinds {kind}" if alone else "")
             + f" --steps {cfg['steps']} --lr {cfg['lr']}" + (f" --hours {run['hours']}" if run.get("hours") else "")
-            + (f" --gamma {cfg['position_gamma']:g}" if cfg.get("position_gamma", 4.0) != 4.0 else ""),
+            + (f" --gamma {cfg['position_gamma']:g}"
+               if cfg.get("position_gamma", TrainConfig.position_gamma) != TrainConfig.position_gamma else ""),
             lr=cfg["lr"], warmup=cfg["warmup"],
             hours=state.get("elapsed", 0) / 3600, threads=run["threads"],
             earlier=f" (plus {prior_hours:.1f} h for the {prior_steps} steps it continued)" if prior_steps else "",
@@ -388,7 +389,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of a new run")
     ap.add_argument("--anchors", type=int, default=48,
                     help="anchors per sequence per step of a new run (more share one teacher-forced pass)")
-    ap.add_argument("--gamma", type=float, default=4.0,
+    ap.add_argument("--gamma", type=float, default=TrainConfig.position_gamma,
                     help="loss weight of draft slot k in a new run: exp(-k / gamma) (inf: every slot alike)")
     ap.add_argument("--layers", type=int, default=None,
                     help=f"drafter depth of a new run (default {LAYERS}; the depth lever: compare AL per cost)")
