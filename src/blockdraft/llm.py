@@ -99,7 +99,8 @@ class LLM:
             raise ConfigError(f"quantization={quantization} with tensor parallelism is not supported "
                               "(the weight-only layers are not sharded); use quantization=none")
         self.target = load_target(target_dir, dtype, quantization, device)
-        self.numerics = describe(self.target.dtype, getattr(self.target, "quantization", "none"))
+        self.numerics = describe(self.target.dtype, getattr(self.target, "quantization", "none"),
+                                 getattr(self.target, "quantization_kernel", None))
         self.drafter = load_drafter(drafter_dir, self.target, mode=mode, block_size=block_size) \
             if drafter_dir is not None else None
         self.tokenizer = Tokenizer(target_dir) if (target_dir / "tokenizer.json").is_file() else None

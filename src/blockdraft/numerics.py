@@ -111,8 +111,9 @@ def resolve_quantization(requested: str | None, device: str = "cpu", default_mod
     return "none"
 
 
-def describe(dtype: str | torch.dtype, quantization: str = "none") -> dict:
-    """What `--json` reports about the numerics in use."""
+def describe(dtype: str | torch.dtype, quantization: str = "none", kernel: str | None = None) -> dict:
+    """What `--json` reports about the numerics in use (`kernel`: what runs the quantized layers)."""
     dt = torch_dtype(dtype)
-    return {"dtype": str(dt).removeprefix("torch."), "quantization": quantization, "cpu_native_bf16": native_bf16(),
-            "row_invariant": dt == torch.bfloat16}
+    out = {"dtype": str(dt).removeprefix("torch."), "quantization": quantization, "cpu_native_bf16": native_bf16(),
+           "row_invariant": dt == torch.bfloat16}
+    return out if kernel is None else {**out, "kernel": kernel}

@@ -1,11 +1,14 @@
 """Weight-only int8 / int4 targets: every row rounds as a one-row step does, so speculation is
 lossless against the quantized model (which is a different model from its bf16 source)."""
 
+import shutil
+
 import pytest
 import torch
 
 from decode_oracle import generate_one
 from blockdraft.errors import ConfigError
+from blockdraft.layers import qgemm
 from blockdraft.layers.quant import QuantizedLinear, check_scheme
 from blockdraft.llm import LLM
 from blockdraft.loading import load_drafter, load_target
@@ -13,26 +16,73 @@ from blockdraft.sampling.params import SamplingParams
 from conftest import ASSETS, DRAFTER_NAMES, random_prompts
 
 PROMPTS = random_prompts(4, seed=81)
+KERNELS = ["qgemm", "torch"]
 
 
+def test_own_kernel_builds_where_there_is_a_compiler():
+    """CI machines have a C compiler: the quantized layers must run blockdraft's kernel there, not the fallback."""
+    assert (shutil.which("cc") or shutil.which("gcc")) is None or qgemm.available()
+    assert qgemm.best_isa() in qgemm.ISAS
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("scheme", ["int8", "int4", "int8_g32"])
 @pytest.mark.parametrize("shape", [(192, 576), (1536, 576), (576, 1536)])
-def test_quantized_rows_independent_of_row_count(scheme, shape):
+def test_quantized_rows_independent_of_row_count(scheme, shape, kernel):
     g = torch.Generator().manual_seed(0)
-    layer = QuantizedLinear(torch.randn(shape, generator=g) * 0.05, None, scheme)
-    x = torch.randn(40, shape[1], generator=g).bfloat16()
-    one = torch.cat([layer(x[i:i + 1]) for i in range(40)])
-    for rows in (2, 9, 16, 17, 40):
+    layer = QuantizedLinear(torch.randn(shape, generator=g) * 0.05, None, scheme, kernel)
+    x = torch.randn(72, shape[1], generator=g).bfloat16()
+    one = torch.cat([layer(x[i:i + 1]) for i in range(72)])
+    for rows in (2, 9, 16, 17, 33, 72):          # the own kernel keeps 32 rows per pass over a tile
         assert torch.equal(layer(x[:rows]), one[:rows]), rows
     ref = x.float() @ layer.weight.float().T                                 # the dequantized weight
     torch.testing.assert_close(layer(x).float(), ref, rtol=0.02, atol=0.05)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_own_kernel_gives_the_same_bits_on_every_instruction_set_and_thread_count(bits):
+    """AVX512-VNNI, AVX2 and portable C sum the same integers and run the same float operations per row."""
+    g = torch.Generator().manual_seed(3)
+    n, k = 96, 320
+    w = torch.randn(n, k, generator=g) * torch.logspace(-2, 0, k)[torch.randperm(k, generator=g)]
+    packed, scales = qgemm.pack(w, bits)
+    x = (torch.randn(11, k, generator=g) * torch.logspace(-3, 1, k)).bfloat16()
+    isas = [i for i in qgemm.ISAS if qgemm.ISAS[i] <= qgemm.ISAS[qgemm.best_isa()]]
+    outs = {isa: qgemm.matmul(x, packed, scales, bits, n, isa) for isa in isas}
+    for isa in isas:
+        assert torch.equal(outs[isa], outs["portable"]), isa
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(qgemm.matmul(x, packed, scales, bits, n), outs["portable"])
+    finally:
+        torch.set_num_threads(threads)
+    # what the kernel computes: the stored weight against the activations rounded to 8 bits per 32
+    groups = x.float().view(11, k // 32, 32)
+    dx = groups.abs().amax(-1, keepdim=True) / 127
+    xq = (torch.round(groups / torch.where(dx > 0, dx, 1)) * dx).view(11, k)
+    ref = xq.double() @ qgemm.dequantize(packed, scales, bits, n, k).double().T
+    torch.testing.assert_close(outs["portable"].double(), ref, rtol=1e-2, atol=1e-3 * ref.abs().max().item())
+
+
+def test_own_kernel_keeps_the_q4_1_levels():
+    """Weights already on a Q4_1 grid (the default model's GGUF, dequantized) come back on it."""
+    g = torch.Generator().manual_seed(4)
+    d = (torch.rand(64, 4, 1, generator=g) * 0.01).half().float()        # GGUF blocks keep d and m in fp16
+    m = (torch.randn(64, 4, 1, generator=g) * 0.02).half().float()
+    q = torch.randint(0, 16, (64, 4, 32), generator=g)
+    q[..., 0], q[..., 1] = 0, 15                             # each group spans its whole range, as GGUF blocks do
+    w = (d * q + m).view(64, 128)
+    packed, scales = qgemm.pack(w, 4)
+    torch.testing.assert_close(qgemm.dequantize(packed, scales, 4, 64, 128), w, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("scheme", ["int8", "int4", "int8_g32"])
-def test_quantization_error_is_small(scheme):
+def test_quantization_error_is_small(scheme, kernel):
     g = torch.Generator().manual_seed(1)
     w = torch.randn(256, 512, generator=g) * 0.05
-    err = (QuantizedLinear(w, None, scheme).weight.float() - w).abs().max() / w.abs().max()
+    err = (QuantizedLinear(w, None, scheme, kernel).weight.float() - w).abs().max() / w.abs().max()
     assert err < {"int8": 0.01, "int8_g32": 0.01, "int4": 0.1}[scheme]
 
 
@@ -40,8 +90,10 @@ def test_grouped_8bit_head_is_closer_than_per_channel():
     """A row whose weights span a wide range: one scale per row loses its small weights, one per 32 does not."""
     g = torch.Generator().manual_seed(2)
     w = torch.randn(64, 256, generator=g) * torch.logspace(-3, 0, 256)[torch.randperm(256, generator=g)]
-    err = {s: ((QuantizedLinear(w, None, s).weight.float() - w).abs() / w.abs()).median() for s in ("int8", "int8_g32")}
-    assert err["int8_g32"] < 0.5 * err["int8"], err
+    per_channel = QuantizedLinear(w, None, "int8", "torch")
+    err = {name: ((layer.weight.float() - w).abs() / w.abs()).median() for name, layer in
+           [("per channel", per_channel)] + [(k, QuantizedLinear(w, None, "int8_g32", k)) for k in KERNELS]}
+    assert max(err["qgemm"], err["torch"]) < 0.5 * err["per channel"], err
 
 
 @pytest.fixture(scope="module", params=["int8", "int4"])

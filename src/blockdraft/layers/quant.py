@@ -1,23 +1,26 @@
-"""Weight-only quantized linear layers for the CPU: int8 per output channel, int4 in groups of 32.
+"""Weight-only quantized linear layers for the CPU: int4 and int8 in groups of 32, 8-bit LM head.
 
-Activations stay bf16; the weights are stored quantized and multiplied by PyTorch's CPU
-weight-only kernels (`torch._weight_int8pack_mm`, `torch._weight_int4pack_mm_for_cpu`), which
-read a quarter / an eighth of the bytes a bf16 GEMV reads (decoding a small model on a CPU
-is memory-bound). Both kernels reduce every output row on its own: a 9-row verify rounds
-each row exactly as a one-row step does (checked at every row count by
-`tests/models/test_quantized.py` on the machine it runs on), so speculation stays lossless
-*against the quantized model*. A quantized model is a different model from its bf16 source:
-its greedy text differs, and the benchmark reports both.
+The weights are stored quantized and multiplied by blockdraft's own kernel (`layers/qgemm.py`:
+the GGUF block formats Q4_1 and Q8_0 against activations quantized per row to 8 bits, as
+llama.cpp's CPU path runs them; built with the system C compiler at first use). Decoding a small
+model on a CPU is memory-bound, and 4 bits read an eighth of the bytes of bf16; the kernel
+unpacks each weight tile once for up to 32 rows, so a 9-row verify costs ~4x a one-row step
+instead of 4.4x for PyTorch's int4 kernel (~1.6x instead of 5x for the LM head). Every row runs
+the same operations whatever the row count (checked at every row count by
+`tests/models/test_quantized.py`), so speculation stays lossless *against the quantized model*.
+A quantized model is a different model from its bf16 source: its greedy text differs, and the
+benchmark reports both.
 
-int4 uses the Q4_1 grid (per 32 weights: w = d·q + m, q in 0..15) — the format the default
-model ships in as a GGUF — so re-quantizing its dequantized weights finds the same levels.
-The LM head keeps 8 bits in groups of 32 (`int8_g32`: the GGUF's Q8_0 layout, w = d·q, q in
--127..127), multiplied as two 4-bit halves, q = 16·hi + lo, each through the int4 kernel: on one
-row that is faster than the per-channel int8 kernel (3.9 vs 5.4 ms for SmolLM2's 49152 x 576 head,
-equal at 9 rows) and errs 4x less (a scale per 32 weights, not per row); a head whose width is not
-a multiple of 32 stays per-channel int8.
-The kernels keep scales and zero points in bf16: re-quantizing from the GGUF's own fp16 d and m
-instead measured no closer to the GGUF model (the bf16 scale, not the zero point, dominates).
+int4 uses the Q4_1 grid (per 32 weights: w = d·q + m, q in 0..15, d and m in fp32) — the format
+the default model ships in as a GGUF — so re-quantizing its dequantized weights finds the same
+levels. The LM head keeps 8 bits in groups of 32 (`int8_g32`: the GGUF's Q8_0 layout, w = d·q,
+q in -127..127), the precision 4-bit GGUFs keep it at; `int8` is that format for every layer.
+
+Where the kernel cannot be built (no C compiler) or a weight's shape does not fit it (output
+width not a multiple of 16, input width not a multiple of 32), the layer falls back to PyTorch's
+weight-only kernels (`torch._weight_int4pack_mm_for_cpu`, `torch._weight_int8pack_mm`: int8 per
+output channel, bf16 scales, bf16 activations), which are row-invariant too but slower, and the
+numerics report names the kernel in use (`kernel`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from . import qgemm
 from .direct import DirectCall
 
 SCHEMES = ("none", "int8", "int4")          # what a user picks; int8_g32 is the LM head of both
@@ -47,48 +51,73 @@ def check_scheme(scheme: str | None, dtype: torch.dtype, device: str | torch.dev
 
 
 class QuantizedLinear(DirectCall):
-    """y = x · dequant(W)ᵀ (+ b) with W stored int8 [out, in] + scales [out], or int4-packed + (scale, zero)."""
+    """y = x · dequant(W)ᵀ (+ b), W stored in `scheme` for `kernel` ("qgemm": blockdraft's own, where it
+    builds and the shape fits; "torch": PyTorch's weight-only kernels; None: the first that applies)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, scheme: str):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, scheme: str, kernel: str | None = None):
         super().__init__()
         out_features, in_features = weight.shape
         self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
-        w = weight.detach().float()
+        if scheme not in ("int8", "int4", "int8_g32"):
+            raise ConfigError(f"QuantizedLinear scheme {scheme!r} (choose int8, int4 or int8_g32)")
+        self.bits = 4 if scheme == "int4" else 8
+        packed = None
+        if kernel != "torch" and qgemm.available() and qgemm.supports(out_features, in_features):
+            try:
+                packed, scales = qgemm.pack(weight, self.bits)
+            except ValueError:              # scales beyond fp16: PyTorch's kernels keep bf16 ones
+                packed = None
+        if packed is None and kernel == "qgemm":
+            raise ConfigError(f"the qgemm kernel cannot take this {out_features} x {in_features} weight "
+                              f"(built: {qgemm.available()}; needs out % 16 == 0, in % 32 == 0, fp16 scales)")
+        self.kernel = "torch" if packed is None else "qgemm"
+        if packed is not None:
+            self.register_buffer("qweight", packed)
+            self.register_buffer("scales", scales)
+        else:
+            self._torch_weights(weight.detach().float())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
+
+    def _torch_weights(self, w: torch.Tensor) -> None:
+        """PyTorch's layouts: int8 per output channel; int4 / two int4 halves (int8_g32) in groups of 32."""
+        out_features, in_features, scheme = self.out_features, self.in_features, self.scheme
         if scheme == "int8":
             scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)                              # [out]
             self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
             self.register_buffer("scales", scale.to(torch.bfloat16))
-        elif scheme in ("int4", "int8_g32"):
-            if in_features % INT4_GROUP:
-                raise ConfigError(f"quantization={scheme} needs in_features divisible by {INT4_GROUP}, got {in_features}")
-            groups = w.view(out_features, in_features // INT4_GROUP, INT4_GROUP)              # [out, in/32, 32]
-            if scheme == "int4":
-                low, high = groups.amin(-1), groups.amax(-1)                                  # [out, in/32]
-                scale = ((high - low) / 15).clamp_min(1e-12)
-                q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
-                self.register_buffer("qweight", _pack_int4(q))
-                # the kernel computes (q - 8) · scale + zero, so zero = low + 8 · scale
-                self.register_buffer("scales", _scales_and_zeros(scale, low + 8 * scale))
-            else:
-                scale = (groups.abs().amax(-1) / 127).clamp_min(1e-12).to(torch.bfloat16).float()   # [out, in/32]
-                q = torch.round(groups / scale[..., None]).clamp(-127, 127).to(torch.int32)
-                hi = torch.div(q, 16, rounding_mode="floor")                                  # -8..7
-                self.register_buffer("qweight", _pack_int4(hi + 8))
-                self.register_buffer("qweight_lo", _pack_int4(q - 16 * hi))                   # 0..15
-                # (hi + 8 - 8) · 16d + 0 and (lo - 8) · d + 8d: both exact multiples of the bf16 scale
-                self.register_buffer("scales", _scales_and_zeros(16 * scale, torch.zeros_like(scale)))
-                self.register_buffer("scales_lo", _scales_and_zeros(scale, 8 * scale))
-        else:
-            raise ConfigError(f"QuantizedLinear scheme {scheme!r} (choose int8, int4 or int8_g32)")
-        self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
+            return
+        if in_features % INT4_GROUP:
+            raise ConfigError(f"quantization={scheme} needs in_features divisible by {INT4_GROUP}, got {in_features}")
+        groups = w.view(out_features, in_features // INT4_GROUP, INT4_GROUP)                  # [out, in/32, 32]
+        if scheme == "int4":
+            low, high = groups.amin(-1), groups.amax(-1)                                      # [out, in/32]
+            scale = ((high - low) / 15).clamp_min(1e-12)
+            q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+            self.register_buffer("qweight", _pack_int4(q))
+            # the kernel computes (q - 8) · scale + zero, so zero = low + 8 · scale
+            self.register_buffer("scales", _scales_and_zeros(scale, low + 8 * scale))
+            return
+        scale = (groups.abs().amax(-1) / 127).clamp_min(1e-12).to(torch.bfloat16).float()       # [out, in/32]
+        q = torch.round(groups / scale[..., None]).clamp(-127, 127).to(torch.int32)
+        hi = torch.div(q, 16, rounding_mode="floor")                                          # -8..7
+        self.register_buffer("qweight", _pack_int4(hi + 8))
+        self.register_buffer("qweight_lo", _pack_int4(q - 16 * hi))                           # 0..15
+        # (hi + 8 - 8) · 16d + 0 and (lo - 8) · d + 8d: both exact multiples of the bf16 scale
+        self.register_buffer("scales", _scales_and_zeros(16 * scale, torch.zeros_like(scale)))
+        self.register_buffer("scales_lo", _scales_and_zeros(scale, 8 * scale))
 
     @property
     def weight(self) -> torch.Tensor:
         """The dequantized weight (bf16), for code that reads a head's rows (e.g. a drafter copying them)."""
+        if self.kernel == "qgemm":
+            return qgemm.dequantize(self.qweight, self.scales, self.bits, self.out_features,
+                                    self.in_features).to(torch.bfloat16)
         eye = torch.eye(self.in_features, dtype=torch.bfloat16)
         return self._mm(eye).T.contiguous()
 
     def _mm(self, flat: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "qgemm":
+            return qgemm.matmul(flat, self.qweight, self.scales, self.bits, self.out_features)
         if self.scheme == "int8":
             return torch._weight_int8pack_mm(flat, self.qweight, self.scales)
         out = torch._weight_int4pack_mm_for_cpu(flat, self.qweight, INT4_GROUP, self.scales)
@@ -146,4 +175,11 @@ def quantize_target(model: nn.Module, scheme: str) -> nn.Module:
     head = "int8_g32" if model.lm_head.weight.shape[1] % INT4_GROUP == 0 else "int8"
     model.lm_head = QuantizedLinear(model.lm_head.weight, None, head)
     model.quantization = scheme
+    model.quantization_kernel = kernels_in(model)
     return model
+
+
+def kernels_in(model: nn.Module) -> str:
+    """Which kernels the model's quantized layers run, e.g. "qgemm avx512vnni" or "qgemm avx2 + torch"."""
+    names = {m.kernel for m in model.modules() if isinstance(m, QuantizedLinear)}
+    return " + ".join(f"qgemm {qgemm.best_isa()}" if k == "qgemm" else k for k in sorted(names))
