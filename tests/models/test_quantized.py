@@ -8,7 +8,7 @@ import torch
 
 from decode_oracle import generate_one
 from blockdraft.errors import ConfigError
-from blockdraft.layers import qgemm
+from blockdraft.layers import cpu_kernels as kernels
 from blockdraft.layers.quant import QuantizedLinear, check_scheme
 from blockdraft.llm import LLM
 from blockdraft.loading import load_drafter, load_target
@@ -21,8 +21,8 @@ KERNELS = ["qgemm", "torch"]
 
 def test_own_kernel_builds_where_there_is_a_compiler():
     """CI machines have a C compiler: the quantized layers must run blockdraft's kernel there, not the fallback."""
-    assert (shutil.which("cc") or shutil.which("gcc")) is None or qgemm.available()
-    assert qgemm.best_isa() in qgemm.ISAS
+    assert (shutil.which("cc") or shutil.which("gcc")) is None or kernels.available()
+    assert kernels.best_isa() in kernels.ISAS
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -45,23 +45,23 @@ def test_own_kernel_gives_the_same_bits_on_every_instruction_set_and_thread_coun
     g = torch.Generator().manual_seed(3)
     n, k = 96, 320
     w = torch.randn(n, k, generator=g) * torch.logspace(-2, 0, k)[torch.randperm(k, generator=g)]
-    packed, scales = qgemm.pack(w, bits)
+    packed, scales = kernels.pack(w, bits)
     x = (torch.randn(11, k, generator=g) * torch.logspace(-3, 1, k)).bfloat16()
-    isas = [i for i in qgemm.ISAS if qgemm.ISAS[i] <= qgemm.ISAS[qgemm.best_isa()]]
-    outs = {isa: qgemm.matmul(x, packed, scales, bits, n, isa) for isa in isas}
+    isas = [i for i in kernels.ISAS if kernels.ISAS[i] <= kernels.ISAS[kernels.best_isa()]]
+    outs = {isa: kernels.matmul(x, packed, scales, bits, n, isa) for isa in isas}
     for isa in isas:
         assert torch.equal(outs[isa], outs["portable"]), isa
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert torch.equal(qgemm.matmul(x, packed, scales, bits, n), outs["portable"])
+        assert torch.equal(kernels.matmul(x, packed, scales, bits, n), outs["portable"])
     finally:
         torch.set_num_threads(threads)
     # what the kernel computes: the stored weight against the activations rounded to 8 bits per 32
     groups = x.float().view(11, k // 32, 32)
     dx = groups.abs().amax(-1, keepdim=True) / 127
     xq = (torch.round(groups / torch.where(dx > 0, dx, 1)) * dx).view(11, k)
-    ref = xq.double() @ qgemm.dequantize(packed, scales, bits, n, k).double().T
+    ref = xq.double() @ kernels.dequantize(packed, scales, bits, n, k).double().T
     torch.testing.assert_close(outs["portable"].double(), ref, rtol=1e-2, atol=1e-3 * ref.abs().max().item())
 
 
@@ -73,8 +73,8 @@ def test_own_kernel_keeps_the_q4_1_levels():
     q = torch.randint(0, 16, (64, 4, 32), generator=g)
     q[..., 0], q[..., 1] = 0, 15                             # each group spans its whole range, as GGUF blocks do
     w = (d * q + m).view(64, 128)
-    packed, scales = qgemm.pack(w, 4)
-    torch.testing.assert_close(qgemm.dequantize(packed, scales, 4, 64, 128), w, rtol=0, atol=1e-6)
+    packed, scales = kernels.pack(w, 4)
+    torch.testing.assert_close(kernels.dequantize(packed, scales, 4, 64, 128), w, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -1,6 +1,6 @@
 """Weight-only quantized linear layers for the CPU: int4 and int8 in groups of 32, 8-bit LM head.
 
-The weights are stored quantized and multiplied by blockdraft's own kernel (`layers/qgemm.py`:
+The weights are stored quantized and multiplied by blockdraft's own kernel (`layers/cpu_kernels.py`:
 the GGUF block formats Q4_1 and Q8_0 against activations quantized per row to 8 bits, as
 llama.cpp's CPU path runs them; built with the system C compiler at first use). Decoding a small
 model on a CPU is memory-bound, and 4 bits read an eighth of the bytes of bf16; the kernel
@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from . import qgemm
+from . import cpu_kernels as kernels
 from .direct import DirectCall
 
 SCHEMES = ("none", "int8", "int4")          # what a user picks; int8_g32 is the LM head of both
@@ -62,14 +62,14 @@ class QuantizedLinear(DirectCall):
             raise ConfigError(f"QuantizedLinear scheme {scheme!r} (choose int8, int4 or int8_g32)")
         self.bits = 4 if scheme == "int4" else 8
         packed = None
-        if kernel != "torch" and qgemm.available() and qgemm.supports(out_features, in_features):
+        if kernel != "torch" and kernels.available() and kernels.supports(out_features, in_features):
             try:
-                packed, scales = qgemm.pack(weight, self.bits)
+                packed, scales = kernels.pack(weight, self.bits)
             except ValueError:              # scales beyond fp16: PyTorch's kernels keep bf16 ones
                 packed = None
         if packed is None and kernel == "qgemm":
             raise ConfigError(f"the qgemm kernel cannot take this {out_features} x {in_features} weight "
-                              f"(built: {qgemm.available()}; needs out % 16 == 0, in % 32 == 0, fp16 scales)")
+                              f"(built: {kernels.available()}; needs out % 16 == 0, in % 32 == 0, fp16 scales)")
         self.kernel = "torch" if packed is None else "qgemm"
         if packed is not None:
             self.register_buffer("qweight", packed)
@@ -110,14 +110,14 @@ class QuantizedLinear(DirectCall):
     def weight(self) -> torch.Tensor:
         """The dequantized weight (bf16), for code that reads a head's rows (e.g. a drafter copying them)."""
         if self.kernel == "qgemm":
-            return qgemm.dequantize(self.qweight, self.scales, self.bits, self.out_features,
+            return kernels.dequantize(self.qweight, self.scales, self.bits, self.out_features,
                                     self.in_features).to(torch.bfloat16)
         eye = torch.eye(self.in_features, dtype=torch.bfloat16)
         return self._mm(eye).T.contiguous()
 
     def _mm(self, flat: torch.Tensor) -> torch.Tensor:
         if self.kernel == "qgemm":
-            return qgemm.matmul(flat, self.qweight, self.scales, self.bits, self.out_features)
+            return kernels.matmul(flat, self.qweight, self.scales, self.bits, self.out_features)
         if self.scheme == "int8":
             return torch._weight_int8pack_mm(flat, self.qweight, self.scales)
         out = torch._weight_int4pack_mm_for_cpu(flat, self.qweight, INT4_GROUP, self.scales)
@@ -182,4 +182,4 @@ def quantize_target(model: nn.Module, scheme: str) -> nn.Module:
 def kernels_in(model: nn.Module) -> str:
     """Which kernels the model's quantized layers run, e.g. "qgemm avx512vnni" or "qgemm avx2 + torch"."""
     names = {m.kernel for m in model.modules() if isinstance(m, QuantizedLinear)}
-    return " + ".join(f"qgemm {qgemm.best_isa()}" if k == "qgemm" else k for k in sorted(names))
+    return " + ".join(f"qgemm {kernels.best_isa()}" if k == "qgemm" else k for k in sorted(names))

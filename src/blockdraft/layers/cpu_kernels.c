@@ -1,0 +1,515 @@
+/* Weight-only 4- and 8-bit matmuls with 8-bit activations, for the CPU (compiled at first use by
+ * layers/cpu_kernels.py; no PyTorch headers, called through ctypes).
+ *
+ * Numerics (the GGUF block formats, as llama.cpp's CPU path multiplies them):
+ *   weights, per output column and group of 32 inputs:  q4: w = d*q + m, q in 0..15   (Q4_1)
+ *                                                       q8: w = d*q,     q in -127..127 (Q8_0)
+ *   activations, per row and group of 32:               x = dx*qx, qx in -127..127, dx = max|x|/127
+ *   y[row, col] = sum over groups, in order, of  fma(float(sum_k q*qx), d*dx, acc)  (q4: then
+ *                 fma(m, dx*sum_k qx, acc)), rounded once to bf16 at the end.
+ * The inner sums are integers (exact), and every row runs the same float operations in the same
+ * order whatever the row count, the thread count or the instruction set (AVX512-VNNI, AVX2 and
+ * the portable path give the same bits): a verify over k+1 rows rounds each row exactly as a
+ * one-row decoding step does.
+ *
+ * Weight layout, per block of 16 output columns and per group (written by layers/cpu_kernels.py):
+ *   q4: 4 x 64 bytes; in the t-th 64 bytes, column c's 4 bytes hold q[c, 8t+b] | q[c, 8t+4+b] << 4
+ *       (b = 0..3), so the low nibbles are inputs 8t..8t+3 and the high nibbles 8t+4..8t+7;
+ *   q8: 8 x 64 bytes; in the j-th 64 bytes, column c's 4 bytes hold q[c, 4j+b] + 128.
+ *   scales: per block and group, 16 fp16 d (q4: then 16 fp16 m), as the GGUF blocks keep them.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GROUP 32
+#define COLS 16          /* output columns per block */
+#define ROWS 32          /* rows whose accumulators one pass over a block's weights keeps */
+#ifndef PREFETCH
+#define PREFETCH 2048    /* bytes ahead of the weights being multiplied */
+#endif
+
+enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512VNNI = 2 };
+
+int bd_best_isa(void) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")) return ISA_AVX512VNNI;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ISA_AVX2;
+    return ISA_PORTABLE;
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {   /* round to nearest even; NaN stays NaN */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float f16_to_f32(uint16_t h) {   /* exact, as vcvtph2ps */
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu, u;
+    if (e == 0) {
+        float f = (float)m * 0x1p-24f;
+        return sign ? -f : f;
+    }
+    u = sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Activations of one call: qx [rows, K], dx [rows, G] and, per group, dx * sum(qx) (q4's m term)
+ * and sum(qx) (q8's +128 offset). */
+typedef struct {
+    int8_t *qx;
+    float *dx, *sx;
+    int32_t *sumq;
+} Acts;
+
+static void quantize_rows(const uint16_t *x, int rows, int K, Acts *a) {
+    int G = K / GROUP;
+    for (int r = 0; r < rows; r++) {
+        for (int g = 0; g < G; g++) {
+            const uint16_t *xs = x + (size_t)r * K + g * GROUP;
+            float v[GROUP], amax = 0.0f;
+            for (int k = 0; k < GROUP; k++) {
+                v[k] = bf16_to_f32(xs[k]);
+                float m = fabsf(v[k]);
+                amax = m > amax ? m : amax;
+            }
+            float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int32_t s = 0;
+            int8_t *q = a->qx + (size_t)r * K + g * GROUP;
+            for (int k = 0; k < GROUP; k++) {
+                float t = roundf(v[k] * id);
+                t = t > 127.0f ? 127.0f : (t < -127.0f ? -127.0f : t);
+                q[k] = (int8_t)t;
+                s += q[k];
+            }
+            a->dx[(size_t)r * G + g] = d;
+            a->sumq[(size_t)r * G + g] = s;
+            a->sx[(size_t)r * G + g] = d * (float)s;
+        }
+    }
+}
+
+/* ---- the integer dot products of one (block, group): isum[c] = sum_k q[c, k] * qx[k], 16 columns ---- */
+
+static void dot_portable(const uint8_t *w, const int8_t *qx, int bits, int32_t isum[COLS]) {
+    for (int c = 0; c < COLS; c++) {
+        int32_t s = 0;
+        for (int k = 0; k < GROUP; k++) {
+            int q;
+            if (bits == 4) {
+                int t = k / 8, hi = (k % 8) >= 4, b = k % 4;
+                uint8_t byte = w[64 * t + 4 * c + b];
+                q = hi ? byte >> 4 : byte & 15;
+            } else {
+                q = (int)w[64 * (k / 4) + 4 * c + k % 4] - 128;
+            }
+            s += q * qx[k];
+        }
+        isum[c] = s;
+    }
+}
+
+/* ---- one block of 16 columns over all groups, for rows r0..r0+n-1 ---- */
+
+static void block_portable(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0,
+                           int n, float *acc) {
+    size_t wstride = bits == 4 ? 256 : 512, sstride = bits == 4 ? 32 : 16;
+    for (int g = 0; g < G; g++) {
+        const uint8_t *wg = w + g * wstride;
+        float d[COLS], m[COLS];
+        for (int c = 0; c < COLS; c++) {
+            d[c] = f16_to_f32(sc[g * sstride + c]);
+            m[c] = bits == 4 ? f16_to_f32(sc[g * sstride + COLS + c]) : 0.0f;
+        }
+        for (int r = 0; r < n; r++) {
+            size_t row = (size_t)(r0 + r);
+            int32_t isum[COLS];
+            dot_portable(wg, a->qx + row * K + g * GROUP, bits, isum);
+            float ddx[COLS];
+            for (int c = 0; c < COLS; c++) ddx[c] = d[c] * a->dx[row * G + g];
+            for (int c = 0; c < COLS; c++) {
+                float *o = acc + r * COLS + c;
+                *o = fmaf((float)isum[c], ddx[c], *o);
+                if (bits == 4) *o = fmaf(m[c], a->sx[row * G + g], *o);
+            }
+        }
+    }
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static void block_avx2(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0, int n,
+                       float *acc) {
+    const __m256i low = _mm256_set1_epi8(15), flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    size_t wstride = bits == 4 ? 256 : 512, sstride = bits == 4 ? 32 : 16;
+    for (int g = 0; g < G; g++) {
+        const uint8_t *wg = w + g * wstride;
+        for (size_t off = 0; off < wstride; off += 64) _mm_prefetch((const char *)(wg + PREFETCH + off), _MM_HINT_T0);
+        __m256i wv[2][8];                                   /* [half][j]: columns 8h..8h+7, inputs 4j..4j+3 */
+        for (int h = 0; h < 2; h++) {
+            if (bits == 4) {
+                for (int t = 0; t < 4; t++) {
+                    __m256i raw = _mm256_loadu_si256((const __m256i *)(wg + 64 * t + 32 * h));
+                    wv[h][2 * t] = _mm256_and_si256(raw, low);
+                    wv[h][2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+                }
+            } else {
+                for (int j = 0; j < 8; j++)          /* q + 128 -> q as signed bytes */
+                    wv[h][j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wg + 64 * j + 32 * h)), flip);
+            }
+        }
+        const uint16_t *s = sc + g * sstride;
+        __m256 d[2], m[2];
+        for (int h = 0; h < 2; h++) {
+            d[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 8 * h)));
+            m[h] = bits == 4 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + COLS + 8 * h))) : d[h];
+        }
+        for (int r = 0; r < n; r++) {
+            size_t row = (size_t)(r0 + r);
+            const int32_t *xq = (const int32_t *)(a->qx + row * K + g * GROUP);
+            __m256 dx = _mm256_set1_ps(a->dx[row * G + g]), sx = _mm256_set1_ps(a->sx[row * G + g]);
+            for (int h = 0; h < 2; h++) {
+                __m256i isum = _mm256_setzero_si256();
+                for (int j = 0; j < 8; j++) {
+                    __m256i xb = _mm256_set1_epi32(xq[j]);
+                    __m256i p = bits == 4 ? _mm256_maddubs_epi16(wv[h][j], xb)
+                                          : _mm256_maddubs_epi16(_mm256_abs_epi8(xb), _mm256_sign_epi8(wv[h][j], xb));
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+                }
+                float *o = acc + r * COLS + 8 * h;
+                __m256 ddx = _mm256_mul_ps(d[h], dx);
+                __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), ddx, _mm256_loadu_ps(o));
+                if (bits == 4) v = _mm256_fmadd_ps(m[h], sx, v);
+                _mm256_storeu_ps(o, v);
+            }
+        }
+    }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
+static void block_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0, int n,
+                         float *acc) {
+    const __m512i low = _mm512_set1_epi8(15);
+    size_t wstride = bits == 4 ? 256 : 512, sstride = bits == 4 ? 32 : 16;
+    for (int g = 0; g < G; g++) {
+        const uint8_t *wg = w + g * wstride;
+        for (size_t off = 0; off < wstride; off += 64) _mm_prefetch((const char *)(wg + PREFETCH + off), _MM_HINT_T0);
+        __m512i wv[8];                                      /* [j]: 16 columns, inputs 4j..4j+3 */
+        if (bits == 4) {
+            for (int t = 0; t < 4; t++) {
+                __m512i raw = _mm512_loadu_si512((const void *)(wg + 64 * t));
+                wv[2 * t] = _mm512_and_si512(raw, low);
+                wv[2 * t + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+            }
+        } else {
+            for (int j = 0; j < 8; j++) wv[j] = _mm512_loadu_si512((const void *)(wg + 64 * j));   /* q + 128 */
+        }
+        const uint16_t *s = sc + g * sstride;
+        __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
+        __m512 mv = bits == 4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + COLS))) : dv;
+        for (int r = 0; r < n; r++) {
+            size_t row = (size_t)(r0 + r);
+            const int32_t *xq = (const int32_t *)(a->qx + row * K + g * GROUP);
+            __m512i isum = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j++) isum = _mm512_dpbusd_epi32(isum, wv[j], _mm512_set1_epi32(xq[j]));
+            if (bits == 8) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(128 * a->sumq[row * G + g]));
+            float *o = acc + r * COLS;
+            __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(a->dx[row * G + g]));
+            __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ddx, _mm512_loadu_ps(o));
+            if (bits == 4) v = _mm512_fmadd_ps(mv, _mm512_set1_ps(a->sx[row * G + g]), v);
+            _mm512_storeu_ps(o, v);
+        }
+    }
+}
+
+/* out [rows, N] (bf16) = x [rows, K] (bf16) times the packed weight; N % 16 == 0, K % 32 == 0.
+ * Returns 0, or -1 if scratch memory could not be had. */
+int bd_qgemm(const uint16_t *x, int rows, int K, const uint8_t *w, const uint16_t *scales, int N, int bits,
+             uint16_t *out, int isa, int threads) {
+    int G = K / GROUP, blocks = N / COLS;
+    Acts a;
+    a.qx = malloc((size_t)rows * K);
+    a.dx = malloc(sizeof(float) * (size_t)rows * G);
+    a.sx = malloc(sizeof(float) * (size_t)rows * G);
+    a.sumq = malloc(sizeof(int32_t) * (size_t)rows * G);
+    if (!a.qx || !a.dx || !a.sx || !a.sumq) {
+        free(a.qx); free(a.dx); free(a.sx); free(a.sumq);
+        return -1;
+    }
+    quantize_rows(x, rows, K, &a);
+    size_t wblock = (size_t)G * (bits == 4 ? 256 : 512), sblock = (size_t)G * (bits == 4 ? 32 : 16);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int b = 0; b < blocks; b++) {
+        float acc[ROWS * COLS];
+        for (int r0 = 0; r0 < rows; r0 += ROWS) {
+            int n = rows - r0 < ROWS ? rows - r0 : ROWS;
+            memset(acc, 0, sizeof(float) * n * COLS);
+            const uint8_t *wb = w + b * wblock;
+            const uint16_t *sb = scales + b * sblock;
+            if (isa == ISA_AVX512VNNI) block_avx512(wb, sb, bits, G, K, &a, r0, n, acc);
+            else if (isa == ISA_AVX2) block_avx2(wb, sb, bits, G, K, &a, r0, n, acc);
+            else block_portable(wb, sb, bits, G, K, &a, r0, n, acc);
+            for (int r = 0; r < n; r++)
+                for (int c = 0; c < COLS; c++) out[(size_t)(r0 + r) * N + b * COLS + c] = f32_to_bf16(acc[r * COLS + c]);
+        }
+    }
+    free(a.qx); free(a.dx); free(a.sx); free(a.sumq);
+    return 0;
+}
+
+/* ---- attention for inference on the CPU: softmax(q k^T * scale) v over the keys each query row sees ----
+ * Per query row: scores in fp32 (16 partial sums over the head dimension, combined in a fixed tree),
+ * the maximum, p = exp((score - max) * scale), the denominator, and sum p * v accumulated key by key
+ * in key order. Masked keys are never read, and every row is computed on its own by the same
+ * operations: its bits do not depend on the other rows, the batch, or how many masked keys follow
+ * (nor on the instruction set: the AVX512, AVX2 and portable spellings give the same bits). */
+
+#define LANES 16
+
+/* One query row against the keys it sees -> out [d] bf16, in three spellings with the same arithmetic:
+ * score = 16 lanes of fma over the head dimension, lanes folded l += l + w for w = 8, 4, 2, 1; then
+ * p = exp_neg((score - peak) * scale) rounded to bf16 per visible key, denom = their 16-lane sum folded the
+ * same way,
+ * and acc = fma(p, v, acc) key by key in key order. */
+
+static float fold16(float part[LANES]) {
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) part[l] += part[l + w];
+    return part[0];
+}
+
+/* exp(x) for x <= 0 (softmax weights): 0 below -87, else cephes' degree-6 polynomial on
+ * x - n ln2 times 2^n, every step a separately rounded op or an fma, so the scalar and vector
+ * spellings below give the same bits. */
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_C1 0.693359375f
+#define EXP_C2 (-2.12194440e-4f)
+#define EXP_ROUND 12582912.0f                       /* 1.5 * 2^23: adding it rounds to an integer */
+static const float EXP_P[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                               1.6666665459e-1f, 5.0000001201e-1f};
+
+static float exp_neg(float x) {
+    if (!(x >= -87.0f)) return 0.0f;
+    float n = (x * EXP_LOG2E + EXP_ROUND) - EXP_ROUND;
+    float r = fmaf(n, -EXP_C2, fmaf(n, -EXP_C1, x));
+    float p = EXP_P[0];
+    for (int i = 1; i < 6; i++) p = fmaf(p, r, EXP_P[i]);
+    float y = fmaf(p, r * r, r) + 1.0f;
+    uint32_t u = (uint32_t)((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &u, 4);
+    return y * two_n;
+}
+
+__attribute__((target("avx2,fma")))
+static __m256 exp_neg8(__m256 x) {
+    __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 rnd = _mm256_set1_ps(EXP_ROUND);
+    __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), rnd), rnd);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_C1), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_C2), r);
+    __m256 p = _mm256_set1_ps(EXP_P[0]);
+    for (int i = 1; i < 6; i++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P[i]));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), ok);
+}
+
+__attribute__((target("avx2,fma")))
+static __m256 round8_bf16(__m256 x) {              /* to the nearest bf16, ties to even (finite x) */
+    __m256i u = _mm256_castps_si256(x);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+    return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* scores[0..n) -> exp((score - peak) * scale) rounded to bf16 (the weights SDPA and HF's eager attention
+ * multiply the values by), in whole vectors of 16, lanes accumulating the sum;
+ * returns how many it did (the caller finishes the rest one by one, the same way). */
+__attribute__((target("avx2,fma")))
+static int probs_avx2(float *scores, int n, float peak, float scale, float lanes[LANES]) {
+    __m256 pk = _mm256_set1_ps(peak), sc = _mm256_set1_ps(scale);
+    __m256 lo = _mm256_loadu_ps(lanes), hi = _mm256_loadu_ps(lanes + 8);
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        __m256 a = round8_bf16(exp_neg8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + i), pk), sc)));
+        __m256 b = round8_bf16(exp_neg8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + i + 8), pk), sc)));
+        _mm256_storeu_ps(scores + i, a);
+        _mm256_storeu_ps(scores + i + 8, b);
+        lo = _mm256_add_ps(lo, a);
+        hi = _mm256_add_ps(hi, b);
+    }
+    _mm256_storeu_ps(lanes, lo);
+    _mm256_storeu_ps(lanes + 8, hi);
+    return i;
+}
+
+/* The visible keys' probabilities, compacted: scores[0..n) = p in key order, and the int slots
+ * scores[tk..tk+n) = their key indices (the scratch holds 2 * tk floats). The denominator sums p
+ * in 16 lanes (key i into lane i % 16), folded as the scores are. Returns n. */
+static int compact(float *scores, const uint8_t *seen, int64_t seen_stride, int tk) {
+    int n = 0, *keys = (int *)scores + tk;
+    for (int j = 0; j < tk; j++) {
+        if (seen && !seen[j * seen_stride]) continue;
+        scores[n] = scores[j];                     /* n <= j: never overwrites a score still to be read */
+        keys[n++] = j;
+    }
+    return n;
+}
+
+static int probs(float *scores, const uint8_t *seen, int64_t seen_stride, int tk, float peak, float scale,
+                 float *denom, int isa) {
+    int n = compact(scores, seen, seen_stride, tk), i = 0;
+    float lanes[LANES] = {0};
+    if (isa != ISA_PORTABLE && peak > -INFINITY) i = probs_avx2(scores, n, peak, scale, lanes);
+    for (; i < n; i++) {
+        scores[i] = peak > -INFINITY ? bf16_to_f32(f32_to_bf16(exp_neg((scores[i] - peak) * scale))) : 0.0f;
+        lanes[i % LANES] += scores[i];
+    }
+    *denom = fold16(lanes);
+    return n;
+}
+
+static void row_portable(const float *qv, const uint16_t *kb, const uint16_t *vb, int64_t ks, int64_t vs, int tk,
+                         int d, const uint8_t *seen, int64_t seen_stride, float scale, float *scores, float *acc) {
+    float peak = -INFINITY, denom = 0.0f;
+    for (int j = 0; j < tk; j++) {
+        if (seen && !seen[j * seen_stride]) continue;
+        float part[LANES] = {0};
+        for (int t = 0; t < d; t += LANES)
+            for (int l = 0; l < LANES; l++) part[l] = fmaf(qv[t + l], bf16_to_f32(kb[j * ks + t + l]), part[l]);
+        scores[j] = fold16(part);
+        peak = scores[j] > peak ? scores[j] : peak;
+    }
+    int n = probs(scores, seen, seen_stride, tk, peak, scale, &denom, ISA_PORTABLE);
+    const int *keys = (const int *)scores + tk;
+    for (int i = 0; i < n; i++)
+        for (int x = 0; x < d; x++) acc[x] = fmaf(scores[i], bf16_to_f32(vb[keys[i] * vs + x]), acc[x]);
+    acc[d] = denom;
+}
+
+__attribute__((target("avx2,fma")))
+static inline __m256 load8_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+__attribute__((target("avx2,fma")))
+static inline float fold8(__m256 s8) {                 /* lanes 0..7 after the w = 8 fold */
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    return _mm_cvtss_f32(s1);
+}
+
+__attribute__((target("avx2,fma")))
+static void row_avx2(const float *qv, const uint16_t *kb, const uint16_t *vb, int64_t ks, int64_t vs, int tk,
+                     int d, const uint8_t *seen, int64_t seen_stride, float scale, float *scores, float *acc) {
+    float peak = -INFINITY, denom = 0.0f;
+    for (int j = 0; j < tk; j++) {
+        if (seen && !seen[j * seen_stride]) continue;
+        __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+        const uint16_t *kr = kb + j * ks;
+        for (int t = 0; t < d; t += LANES) {
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(qv + t), load8_bf16(kr + t), a);
+            b = _mm256_fmadd_ps(_mm256_loadu_ps(qv + t + 8), load8_bf16(kr + t + 8), b);
+        }
+        scores[j] = fold8(_mm256_add_ps(a, b));
+        peak = scores[j] > peak ? scores[j] : peak;
+    }
+    int n = probs(scores, seen, seen_stride, tk, peak, scale, &denom, ISA_AVX2);
+    for (int x = 0; x < d; x += 32) {              /* 4 accumulators in registers, keys in order */
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int i = 0; i < n; i++) {
+            const uint16_t *vr = vb + (int64_t)((int *)scores)[tk + i] * vs + x;
+            __m256 pv = _mm256_set1_ps(scores[i]);
+            a0 = _mm256_fmadd_ps(pv, load8_bf16(vr), a0);
+            if (x + 8 < d) a1 = _mm256_fmadd_ps(pv, load8_bf16(vr + 8), a1);
+            if (x + 16 < d) a2 = _mm256_fmadd_ps(pv, load8_bf16(vr + 16), a2);
+            if (x + 24 < d) a3 = _mm256_fmadd_ps(pv, load8_bf16(vr + 24), a3);
+        }
+        _mm256_storeu_ps(acc + x, a0);
+        if (x + 8 < d) _mm256_storeu_ps(acc + x + 8, a1);
+        if (x + 16 < d) _mm256_storeu_ps(acc + x + 16, a2);
+        if (x + 24 < d) _mm256_storeu_ps(acc + x + 24, a3);
+    }
+    acc[d] = denom;
+}
+
+__attribute__((target("avx512f,avx2,fma")))
+static void row_avx512(const float *qv, const uint16_t *kb, const uint16_t *vb, int64_t ks, int64_t vs, int tk,
+                       int d, const uint8_t *seen, int64_t seen_stride, float scale, float *scores, float *acc) {
+    float peak = -INFINITY, denom = 0.0f;
+    for (int j = 0; j < tk; j++) {
+        if (seen && !seen[j * seen_stride]) continue;
+        __m512 part = _mm512_setzero_ps();
+        const uint16_t *kr = kb + j * ks;
+        for (int t = 0; t < d; t += LANES) {
+            __m512 kv = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(kr + t))), 16));
+            part = _mm512_fmadd_ps(_mm512_loadu_ps(qv + t), kv, part);
+        }
+        scores[j] = fold8(_mm256_add_ps(_mm512_castps512_ps256(part),
+                                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(part), 1))));
+        peak = scores[j] > peak ? scores[j] : peak;
+    }
+    int n = probs(scores, seen, seen_stride, tk, peak, scale, &denom, ISA_AVX512VNNI);
+    for (int x = 0; x < d; x += 4 * LANES) {       /* 4 accumulators in registers, keys in order */
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        int parts = (d - x) / LANES < 4 ? (d - x) / LANES : 4;
+        for (int i = 0; i < n; i++) {
+            const uint16_t *vr = vb + (int64_t)((int *)scores)[tk + i] * vs + x;
+            __m512 pv = _mm512_set1_ps(scores[i]);
+            for (int c = 0; c < parts; c++)
+                a[c] = _mm512_fmadd_ps(pv, _mm512_castsi512_ps(_mm512_slli_epi32(
+                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(vr + c * LANES))), 16)), a[c]);
+        }
+        for (int c = 0; c < parts; c++) _mm512_storeu_ps(acc + x + c * LANES, a[c]);
+    }
+    acc[d] = denom;
+}
+
+/* q [b, h, tq, d] contiguous bf16; k, v bf16 with strides (batch, kv head, key) in elements and the
+ * head dimension contiguous; vis uint8 with strides (batch, query row, key), or NULL (all visible);
+ * out [b, tq, h * d] bf16. d % 16 == 0, d <= 256. Returns 0, -1 without scratch memory, -2 for d > 256. */
+int bd_attend(const uint16_t *q, int b, int h, int tq, int d, const uint16_t *k, const uint16_t *v,
+              const int64_t *kv_strides, int hkv, int tk, const uint8_t *vis, const int64_t *vis_strides,
+              float scale, uint16_t *out, int isa, int threads) {
+    int groups = h / hkv;
+    if (d > 256 || d % LANES) return -2;
+    float *scratch = malloc(sizeof(float) * 2 * (size_t)tk * (size_t)b * h);
+    if (!scratch) return -1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int bh = 0; bh < b * h; bh++) {
+        int bi = bh / h, hh = bh % h, kvh = hh / groups;
+        const uint16_t *kb = k + bi * kv_strides[0] + kvh * kv_strides[1];
+        const uint16_t *vb = v + bi * kv_strides[3] + kvh * kv_strides[4];
+        for (int i = 0; i < tq; i++) {
+            const uint16_t *qr = q + (((size_t)bi * h + hh) * tq + i) * d;
+            const uint8_t *seen = vis ? vis + bi * vis_strides[0] + i * vis_strides[1] : NULL;
+            float qv[256], acc[257] = {0};                        /* acc[d]: the denominator */
+            for (int x = 0; x < d; x++) qv[x] = bf16_to_f32(qr[x]);
+            float *scores = scratch + 2 * (size_t)bh * tk;
+            int64_t st = vis ? vis_strides[2] : 0;
+            if (isa == ISA_AVX512VNNI) row_avx512(qv, kb, vb, kv_strides[2], kv_strides[5], tk, d, seen, st, scale, scores, acc);
+            else if (isa == ISA_AVX2) row_avx2(qv, kb, vb, kv_strides[2], kv_strides[5], tk, d, seen, st, scale, scores, acc);
+            else row_portable(qv, kb, vb, kv_strides[2], kv_strides[5], tk, d, seen, st, scale, scores, acc);
+            uint16_t *o = out + ((size_t)bi * tq + i) * h * d + (size_t)hh * d;
+            for (int x = 0; x < d; x++) o[x] = f32_to_bf16(acc[d] > 0.0f ? acc[x] / acc[d] : 0.0f);
+        }
+    }
+    free(scratch);
+    return 0;
+}
