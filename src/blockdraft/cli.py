@@ -48,8 +48,8 @@ def _device_arg(p: argparse.ArgumentParser) -> None:
 def _quantization_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", choices=["auto", "none", "int8", "int4"], default="auto",
                    help="weight-only target quantization on the CPU (bf16 activations): a different model from "
-                   "the bf16 one, and speculation is lossless against it. auto: none (bf16) — int4's bf16 scales "
-                   "make its answers drift from the exact model (see README)")
+                   "the bf16 one, and speculation is lossless against it. auto: int4 for the default model (its "
+                   "GGUF's own precision) where blockdraft's CPU kernel builds, else none (see README)")
 
 
 def _tp_on_cpu(args: argparse.Namespace) -> None:
@@ -235,7 +235,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       batch_sizes=batch_sizes, adaptive=args.adaptive_speculation,
                       quantization=resolve_quantization(args.quantization, args.device,
                                                         default_model=is_default_target(args.target),
-                                                        tensor_parallel=args.tp != 1),
+                                                        tensor_parallel=args.tp != 1,
+                                                        dtype=args.dtype),
                       device=resolve_device(args.device))
     from .bench.prompt_sets import SETS
 

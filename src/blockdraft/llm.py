@@ -94,7 +94,7 @@ class LLM:
         target_dir = target_dir_of(target)
         tensor_parallel = tp is not None and tp.world > 1
         quantization = resolve_quantization(quantization, device, default_model=is_default_target(target),
-                                            tensor_parallel=tensor_parallel)
+                                            tensor_parallel=tensor_parallel, dtype=dtype)
         if quantization != "none" and tensor_parallel:
             raise ConfigError(f"quantization={quantization} with tensor parallelism is not supported "
                               "(the weight-only layers are not sharded); use quantization=none")

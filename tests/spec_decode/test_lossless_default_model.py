@@ -52,7 +52,14 @@ def test_batched_equals_alone(prompts, plain, quant):
 
 
 def test_numerics_are_reported(quant):
-    """The numerics in use are reported; auto keeps the default model in bf16 (int4 drifts: numerics.py)."""
+    """The numerics in use are reported; auto runs the default model at its GGUF's 4 bits where the own
+    kernel builds (numerics.py), and bf16 where it does not or fp32 is asked for."""
+    from blockdraft.layers import cpu_kernels
+
     llm = blockdraft.LLM(drafter="none", dtype="bfloat16", quantization=quant, max_batch=1)
     assert llm.numerics["quantization"] == quant and llm.numerics["dtype"] == "bfloat16"
-    assert blockdraft.LLM(drafter="none").numerics["quantization"] == "none"     # auto on a CPU
+    auto = blockdraft.LLM(drafter="none").numerics
+    assert auto["quantization"] == ("int4" if cpu_kernels.available() else "none") and auto["dtype"] == "bfloat16"
+    if cpu_kernels.available():
+        assert auto["kernel"].startswith("qgemm")
+    assert blockdraft.LLM(drafter="none", dtype="float32").numerics["quantization"] == "none"

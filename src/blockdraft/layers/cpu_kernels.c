@@ -4,9 +4,14 @@
  * Numerics (the GGUF block formats, as llama.cpp's CPU path multiplies them):
  *   weights, per output column and group of 32 inputs:  q4: w = d*q + m, q in 0..15   (Q4_1)
  *                                                       q8: w = d*q,     q in -127..127 (Q8_0)
- *   activations, per row and group of 32:               x = dx*qx, qx in -127..127, dx = max|x|/127
+ *   activations, per row and group of 32:  x = dx*qx, qx in -32512..32512 (16 bits), dx = max|x|/32512,
+ *                                          split qx = 256*hi + lo into two signed bytes
  *   y[row, col] = sum over groups, in order, of  fma(float(sum_k q*qx), d*dx, acc)  (q4: then
- *                 fma(m, dx*sum_k qx, acc)), rounded once to bf16 at the end.
+ *                 fma(m, dx*sum_k qx, acc)), rounded once to bf16 at the end; sum_k q*qx is computed
+ *                 as 256 * sum_k q*hi + sum_k q*lo with 8-bit integer dot products.
+ * 16-bit activations keep the product as close to the bf16 activations' as the weights allow (8-bit
+ * ones, as llama.cpp and ONNX Runtime's int4 CPU path use, measured 96.5% top-1 agreement with fp32
+ * on the default model against 98.3% for PyTorch's kernel with bf16 activations).
  * The inner sums are integers (exact), and every row runs the same float operations in the same
  * order whatever the row count, the thread count or the instruction set (AVX512-VNNI, AVX2 and
  * the portable path give the same bits): a verify over k+1 rows rounds each row exactly as a
@@ -67,13 +72,15 @@ static inline float f16_to_f32(uint16_t h) {   /* exact, as vcvtph2ps */
     return f;
 }
 
-/* Activations of one call: qx [rows, K], dx [rows, G] and, per group, dx * sum(qx) (q4's m term)
- * and sum(qx) (q8's +128 offset). */
+/* Activations of one call: hi and lo bytes [rows, K], dx [rows, G] and, per group, dx * sum(qx)
+ * (q4's m term) and the sums of hi and of lo (q8's +128 offset). */
 typedef struct {
-    int8_t *qx;
+    int8_t *hi, *lo;
     float *dx, *sx;
-    int32_t *sumq;
+    int32_t *sumhi, *sumlo;
 } Acts;
+
+#define QMAX 32512.0f      /* 127 * 256: qx = 256 * hi + lo with hi in -127..127 and lo in -128..127 */
 
 static void quantize_rows(const uint16_t *x, int rows, int K, Acts *a) {
     int G = K / GROUP;
@@ -86,17 +93,22 @@ static void quantize_rows(const uint16_t *x, int rows, int K, Acts *a) {
                 float m = fabsf(v[k]);
                 amax = m > amax ? m : amax;
             }
-            float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-            int32_t s = 0;
-            int8_t *q = a->qx + (size_t)r * K + g * GROUP;
+            float d = amax / QMAX, id = amax > 0.0f ? QMAX / amax : 0.0f;
+            int32_t s = 0, sh = 0, sl = 0;
+            int8_t *hi = a->hi + (size_t)r * K + g * GROUP, *lo = a->lo + (size_t)r * K + g * GROUP;
             for (int k = 0; k < GROUP; k++) {
                 float t = roundf(v[k] * id);
-                t = t > 127.0f ? 127.0f : (t < -127.0f ? -127.0f : t);
-                q[k] = (int8_t)t;
-                s += q[k];
+                t = t > QMAX ? QMAX : (t < -QMAX ? -QMAX : t);
+                int32_t q = (int32_t)t, l = ((q & 0xff) ^ 0x80) - 0x80;     /* the low byte, signed */
+                hi[k] = (int8_t)((q - l) / 256);
+                lo[k] = (int8_t)l;
+                s += q;
+                sh += hi[k];
+                sl += l;
             }
             a->dx[(size_t)r * G + g] = d;
-            a->sumq[(size_t)r * G + g] = s;
+            a->sumhi[(size_t)r * G + g] = sh;
+            a->sumlo[(size_t)r * G + g] = sl;
             a->sx[(size_t)r * G + g] = d * (float)s;
         }
     }
@@ -104,9 +116,9 @@ static void quantize_rows(const uint16_t *x, int rows, int K, Acts *a) {
 
 /* ---- the integer dot products of one (block, group): isum[c] = sum_k q[c, k] * qx[k], 16 columns ---- */
 
-static void dot_portable(const uint8_t *w, const int8_t *qx, int bits, int32_t isum[COLS]) {
+static void dot_portable(const uint8_t *w, const int8_t *hi8, const int8_t *lo8, int bits, int32_t isum[COLS]) {
     for (int c = 0; c < COLS; c++) {
-        int32_t s = 0;
+        int32_t sh = 0, sl = 0;
         for (int k = 0; k < GROUP; k++) {
             int q;
             if (bits == 4) {
@@ -116,9 +128,10 @@ static void dot_portable(const uint8_t *w, const int8_t *qx, int bits, int32_t i
             } else {
                 q = (int)w[64 * (k / 4) + 4 * c + k % 4] - 128;
             }
-            s += q * qx[k];
+            sh += q * hi8[k];
+            sl += q * lo8[k];
         }
-        isum[c] = s;
+        isum[c] = sh * 256 + sl;
     }
 }
 
@@ -137,7 +150,7 @@ static void block_portable(const uint8_t *w, const uint16_t *sc, int bits, int G
         for (int r = 0; r < n; r++) {
             size_t row = (size_t)(r0 + r);
             int32_t isum[COLS];
-            dot_portable(wg, a->qx + row * K + g * GROUP, bits, isum);
+            dot_portable(wg, a->hi + row * K + g * GROUP, a->lo + row * K + g * GROUP, bits, isum);
             float ddx[COLS];
             for (int c = 0; c < COLS; c++) ddx[c] = d[c] * a->dx[row * G + g];
             for (int c = 0; c < COLS; c++) {
@@ -178,16 +191,21 @@ static void block_avx2(const uint8_t *w, const uint16_t *sc, int bits, int G, in
         }
         for (int r = 0; r < n; r++) {
             size_t row = (size_t)(r0 + r);
-            const int32_t *xq = (const int32_t *)(a->qx + row * K + g * GROUP);
+            const int32_t *xh = (const int32_t *)(a->hi + row * K + g * GROUP);
+            const int32_t *xl = (const int32_t *)(a->lo + row * K + g * GROUP);
             __m256 dx = _mm256_set1_ps(a->dx[row * G + g]), sx = _mm256_set1_ps(a->sx[row * G + g]);
             for (int h = 0; h < 2; h++) {
-                __m256i isum = _mm256_setzero_si256();
+                __m256i ih = _mm256_setzero_si256(), il = _mm256_setzero_si256();
                 for (int j = 0; j < 8; j++) {
-                    __m256i xb = _mm256_set1_epi32(xq[j]);
-                    __m256i p = bits == 4 ? _mm256_maddubs_epi16(wv[h][j], xb)
-                                          : _mm256_maddubs_epi16(_mm256_abs_epi8(xb), _mm256_sign_epi8(wv[h][j], xb));
-                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+                    __m256i bh = _mm256_set1_epi32(xh[j]), bl = _mm256_set1_epi32(xl[j]);
+                    __m256i ph = bits == 4 ? _mm256_maddubs_epi16(wv[h][j], bh)
+                                           : _mm256_maddubs_epi16(_mm256_abs_epi8(bh), _mm256_sign_epi8(wv[h][j], bh));
+                    __m256i pl = bits == 4 ? _mm256_maddubs_epi16(wv[h][j], bl)
+                                           : _mm256_maddubs_epi16(_mm256_abs_epi8(bl), _mm256_sign_epi8(wv[h][j], bl));
+                    ih = _mm256_add_epi32(ih, _mm256_madd_epi16(ph, ones));
+                    il = _mm256_add_epi32(il, _mm256_madd_epi16(pl, ones));
                 }
+                __m256i isum = _mm256_add_epi32(_mm256_slli_epi32(ih, 8), il);
                 float *o = acc + r * COLS + 8 * h;
                 __m256 ddx = _mm256_mul_ps(d[h], dx);
                 __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), ddx, _mm256_loadu_ps(o));
@@ -221,10 +239,18 @@ static void block_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, 
         __m512 mv = bits == 4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + COLS))) : dv;
         for (int r = 0; r < n; r++) {
             size_t row = (size_t)(r0 + r);
-            const int32_t *xq = (const int32_t *)(a->qx + row * K + g * GROUP);
-            __m512i isum = _mm512_setzero_si512();
-            for (int j = 0; j < 8; j++) isum = _mm512_dpbusd_epi32(isum, wv[j], _mm512_set1_epi32(xq[j]));
-            if (bits == 8) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(128 * a->sumq[row * G + g]));
+            const int32_t *xh = (const int32_t *)(a->hi + row * K + g * GROUP);
+            const int32_t *xl = (const int32_t *)(a->lo + row * K + g * GROUP);
+            __m512i ih = _mm512_setzero_si512(), il = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j++) {
+                ih = _mm512_dpbusd_epi32(ih, wv[j], _mm512_set1_epi32(xh[j]));
+                il = _mm512_dpbusd_epi32(il, wv[j], _mm512_set1_epi32(xl[j]));
+            }
+            if (bits == 8) {          /* the weights were stored + 128 */
+                ih = _mm512_sub_epi32(ih, _mm512_set1_epi32(128 * a->sumhi[row * G + g]));
+                il = _mm512_sub_epi32(il, _mm512_set1_epi32(128 * a->sumlo[row * G + g]));
+            }
+            __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(ih, 8), il);
             float *o = acc + r * COLS;
             __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(a->dx[row * G + g]));
             __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ddx, _mm512_loadu_ps(o));
@@ -240,12 +266,14 @@ int bd_qgemm(const uint16_t *x, int rows, int K, const uint8_t *w, const uint16_
              uint16_t *out, int isa, int threads) {
     int G = K / GROUP, blocks = N / COLS;
     Acts a;
-    a.qx = malloc((size_t)rows * K);
+    a.hi = malloc((size_t)rows * K);
+    a.lo = malloc((size_t)rows * K);
     a.dx = malloc(sizeof(float) * (size_t)rows * G);
     a.sx = malloc(sizeof(float) * (size_t)rows * G);
-    a.sumq = malloc(sizeof(int32_t) * (size_t)rows * G);
-    if (!a.qx || !a.dx || !a.sx || !a.sumq) {
-        free(a.qx); free(a.dx); free(a.sx); free(a.sumq);
+    a.sumhi = malloc(sizeof(int32_t) * (size_t)rows * G);
+    a.sumlo = malloc(sizeof(int32_t) * (size_t)rows * G);
+    if (!a.hi || !a.lo || !a.dx || !a.sx || !a.sumhi || !a.sumlo) {
+        free(a.hi); free(a.lo); free(a.dx); free(a.sx); free(a.sumhi); free(a.sumlo);
         return -1;
     }
     quantize_rows(x, rows, K, &a);
@@ -265,7 +293,7 @@ int bd_qgemm(const uint16_t *x, int rows, int K, const uint8_t *w, const uint16_
                 for (int c = 0; c < COLS; c++) out[(size_t)(r0 + r) * N + b * COLS + c] = f32_to_bf16(acc[r * COLS + c]);
         }
     }
-    free(a.qx); free(a.dx); free(a.sx); free(a.sumq);
+    free(a.hi); free(a.lo); free(a.dx); free(a.sx); free(a.sumhi); free(a.sumlo);
     return 0;
 }
 

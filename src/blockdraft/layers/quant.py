@@ -148,32 +148,33 @@ def _scales_and_zeros(scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     return torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
 
 
-def _fused(parent: nn.Module, names: tuple[str, ...], scheme: str) -> QuantizedLinear:
+def _fused(parent: nn.Module, names: tuple[str, ...], scheme: str, kernel: str | None) -> QuantizedLinear:
     """One weight-only layer for several projections of the same input (rows quantize on their
     own, so fusing changes no weight); the originals are dropped."""
     parts = [getattr(parent, n) for n in names]
     bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])
-    fused = QuantizedLinear(torch.cat([p.weight for p in parts]), bias, scheme)
+    fused = QuantizedLinear(torch.cat([p.weight for p in parts]), bias, scheme, kernel)
     for n in names:
         delattr(parent, n)
     return fused
 
 
-def quantize_target(model: nn.Module, scheme: str) -> nn.Module:
+def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) -> nn.Module:
     """Replace the target's projections and LM head with `scheme` weight-only layers, in place
-    (q/k/v and gate/up fused: fewer kernel calls per step); the embedding stays bf16 (a lookup)."""
+    (q/k/v and gate/up fused: fewer kernel calls per step); the embedding stays bf16 (a lookup).
+    `kernel` as `QuantizedLinear` takes it (None: the own kernel where it applies)."""
     if scheme == "none":
         return model
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        attn.qkv_proj = _fused(attn, ("q_proj", "k_proj", "v_proj"), scheme)
-        attn.o_proj = QuantizedLinear(attn.o_proj.weight, attn.o_proj.bias, scheme)
-        mlp.gate_up_proj = _fused(mlp, ("gate_proj", "up_proj"), scheme)
-        mlp.down_proj = QuantizedLinear(mlp.down_proj.weight, mlp.down_proj.bias, scheme)
+        attn.qkv_proj = _fused(attn, ("q_proj", "k_proj", "v_proj"), scheme, kernel)
+        attn.o_proj = QuantizedLinear(attn.o_proj.weight, attn.o_proj.bias, scheme, kernel)
+        mlp.gate_up_proj = _fused(mlp, ("gate_proj", "up_proj"), scheme, kernel)
+        mlp.down_proj = QuantizedLinear(mlp.down_proj.weight, mlp.down_proj.bias, scheme, kernel)
     # the LM head stays at 8 bits, in groups of 32: the precision 4-bit GGUFs keep it at (the default
     # model's tied embedding / head is Q8_0)
     head = "int8_g32" if model.lm_head.weight.shape[1] % INT4_GROUP == 0 else "int8"
-    model.lm_head = QuantizedLinear(model.lm_head.weight, None, head)
+    model.lm_head = QuantizedLinear(model.lm_head.weight, None, head, kernel)
     model.quantization = scheme
     model.quantization_kernel = kernels_in(model)
     return model
