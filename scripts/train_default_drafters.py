@@ -63,7 +63,9 @@ def next_draw(run: dict, local_steps: int) -> int:
 def load_llm():
     from blockdraft.llm import LLM
 
-    return LLM(target="smollm2", drafter="none", dtype="bfloat16", max_batch=1, max_model_len=1024)
+    # the shipped drafters' target: bf16 weights, as their teacher data was made (auto would load int4)
+    return LLM(target="smollm2", drafter="none", dtype="bfloat16", quantization="none", max_batch=1,
+               max_model_len=1024)
 
 
 def teacher_sequences():

@@ -19,7 +19,7 @@ from .checkpoints.weights import assign_weights, load_state_dict, read_json, str
 from .config import DrafterConfig, TargetConfig
 from .errors import CheckpointError, ConfigError
 from .layers.linear import plan_linears
-from .layers.quant import check_scheme, quantize_target
+from .layers.quant import check_scheme, quantize_drafter, quantize_target
 from .models.drafter import BlockDrafter
 from .models.target import TargetModel
 from .numerics import torch_dtype
@@ -119,6 +119,7 @@ def load_drafter(drafter_dir: str | Path, target: TargetModel, mode: str | None 
         drafter = BlockDrafter(cfg, target)
     assign_weights(drafter, tensors, torch_dtype(dtype) if dtype else target.dtype, f"drafter {drafter_dir}")
     drafter.to(target.device)                        # the drafter lives where its target does
+    quantize_drafter(drafter, getattr(target, "quantization", "none"))   # ... and in its numerics
     drafter.check_vocab_map(f"drafter {drafter_dir}")
     drafter.source_dir = drafter_dir
     plan_linears(drafter)

@@ -106,6 +106,9 @@ def test_speculation_is_lossless_against_the_quantized_target(quantized):
     target, drafters = quantized
     assert isinstance(target.lm_head, QuantizedLinear) and target.lm_head.scheme == "int8_g32" and isinstance(target.layers[0].mlp.gate_up_proj, QuantizedLinear)
     assert isinstance(target.layers[0].self_attn.qkv_proj, QuantizedLinear)
+    for name, drafter in drafters.items():          # the drafters run in their target's numerics too
+        assert isinstance(drafter.fc, QuantizedLinear) == kernels.available(), name
+        assert isinstance(drafter.layers[0].mlp.down_proj, QuantizedLinear) == kernels.available(), name
     for prompt in PROMPTS:
         ref = generate_one(target, prompt, SamplingParams(max_tokens=28, ignore_eos=True)).token_ids
         for name, drafter in drafters.items():

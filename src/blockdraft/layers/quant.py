@@ -184,3 +184,32 @@ def kernels_in(model: nn.Module) -> str:
     """Which kernels the model's quantized layers run, e.g. "qgemm avx512vnni" or "qgemm avx2 + torch"."""
     names = {m.kernel for m in model.modules() if isinstance(m, QuantizedLinear)}
     return " + ".join(f"qgemm {kernels.best_isa()}" if k == "qgemm" else k for k in sorted(names))
+
+
+def quantize_drafter(drafter: nn.Module, scheme: str) -> nn.Module:
+    """The drafter's projections in its target's weight-only scheme, in place: `fc`, every layer's
+    q/k/v/o and gate/up (fused)/down at `scheme`, its own LM head at 8 bits in groups of 32. Only
+    layers blockdraft's own kernel takes are converted (the small heads — Markov, confidence,
+    selector, convolution kernels — and any odd shape stay in the activation dtype). A quantized
+    drafter drafts differently; verification, and so the output, is unchanged."""
+    if scheme == "none" or not kernels.available() or drafter.dtype != torch.bfloat16:
+        return drafter
+
+    def convert(parent: nn.Module, name: str, layer_scheme: str = scheme) -> None:
+        m = getattr(parent, name)
+        w = getattr(m, "weight", None)
+        if isinstance(m, nn.Linear) and w is not None and kernels.supports(*w.shape):
+            setattr(parent, name, QuantizedLinear(w, m.bias, layer_scheme, "qgemm"))
+
+    convert(drafter, "fc")
+    for layer in drafter.layers:
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            convert(layer.self_attn, name)
+        mlp = layer.mlp
+        if kernels.supports(2 * mlp.gate_proj.out_features, mlp.gate_proj.in_features):
+            mlp.gate_up_proj = _fused(mlp, ("gate_proj", "up_proj"), scheme, "qgemm")
+        convert(mlp, "down_proj")
+    if drafter.config.own_lm_head:
+        convert(drafter, "lm_head", "int8_g32")
+    drafter.quantization = scheme
+    return drafter

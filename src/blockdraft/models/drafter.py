@@ -215,11 +215,11 @@ class BlockDrafter(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
+        return self.norm.weight.dtype          # (not fc's: a weight-only fc stores no activation dtype)
 
     def new_cache(self, batch: int = 1, capacity: int = 256) -> KVCache:
         c = self.config
-        return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.dtype, self.fc.weight.device, capacity)
+        return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.dtype, self.norm.weight.device, capacity)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.config.own_embed_tokens:
