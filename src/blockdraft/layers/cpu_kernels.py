@@ -15,8 +15,8 @@ or on masked keys either; it replaces the float64 form of `layers/attention.py` 
 CPU at ~a third of its cost.
 
 The C source is compiled once per machine with the system C compiler (`cc`, or `$CC`) into the
-blockdraft cache; where no compiler works, `available()` is False and the quantized layers say
-which kernel they fall back to.
+blockdraft cache; where no compiler works (or `BLOCKDRAFT_NO_CPU_KERNELS` is set), `available()` is
+False: the quantized layers fall back to PyTorch's kernels and say so, attention to its float64 form.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _cache_dir() -> Path:
 def library() -> ctypes.CDLL | None:
     """The compiled kernel (built on first use, cached per source and compiler), or None."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None or os.environ.get("BLOCKDRAFT_NO_QGEMM"):
+    if compiler is None or os.environ.get("BLOCKDRAFT_NO_CPU_KERNELS"):
         return None
     source = SOURCE.read_bytes()
     try:
