@@ -1,17 +1,17 @@
 """Weight-only quantized linear layers for the CPU: int4 and int8 in groups of 32, 8-bit LM head.
 
 The weights are stored quantized and multiplied by blockdraft's own kernel (`layers/cpu_kernels.py`:
-the GGUF block formats Q4_1 and Q8_0 against activations quantized per row to 8 bits, as
-llama.cpp's CPU path runs them; built with the system C compiler at first use). Decoding a small
-model on a CPU is memory-bound, and 4 bits read an eighth of the bytes of bf16; the kernel
-unpacks each weight tile once for up to 32 rows, so a 9-row verify costs ~4x a one-row step
-instead of 4.4x for PyTorch's int4 kernel (~1.6x instead of 5x for the LM head). Every row runs
-the same operations whatever the row count (checked at every row count by
-`tests/models/test_quantized.py`), so speculation stays lossless *against the quantized model*.
+the GGUF block formats Q4_1 and Q8_0 against activations carried per row at 16 bits in groups of 32,
+integer dot products; built with the system C compiler at first use). Decoding a small model on a
+CPU is memory-bound, and 4 bits read an eighth of the bytes of bf16; the kernel unpacks each weight
+tile once for up to 32 rows, so a 9-row SmolLM2 verify step costs 2.4x a one-row step, against 3.0x
+on PyTorch's int4 kernel (`benchmarks/bench_costs.py`). Every row runs the same operations whatever
+the row count (checked at every row count by `tests/models/test_quantized.py`), so speculation
+stays lossless *against the quantized model*.
 A quantized model is a different model from its bf16 source: its greedy text differs, and the
 benchmark reports both.
 
-int4 uses the Q4_1 grid (per 32 weights: w = d·q + m, q in 0..15, d and m in fp32) — the format
+int4 uses the Q4_1 grid (per 32 weights: w = d·q + m, q in 0..15, d and m in fp16) — the format
 the default model ships in as a GGUF — so re-quantizing its dequantized weights finds the same
 levels. The LM head keeps 8 bits in groups of 32 (`int8_g32`: the GGUF's Q8_0 layout, w = d·q,
 q in -127..127), the precision 4-bit GGUFs keep it at; `int8` is that format for every layer.
