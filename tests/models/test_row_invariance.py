@@ -94,6 +94,25 @@ def test_cpu_attention_kernel_same_bits_on_every_instruction_set():
     torch.testing.assert_close(outs["portable"].float(), ref.float(), atol=0.02, rtol=0.02)
 
 
+def test_cpu_rms_norm_kernel_rows_alone_and_close_to_the_formula():
+    """The own RMSNorm (bf16 inference on the CPU) computes each row on its own, within a bf16 rounding
+    of Llama's fp32 formula; a weight being trained runs the formula itself (autograd)."""
+    from blockdraft.layers import cpu_kernels
+    from blockdraft.layers.norm import RMSNorm
+
+    norm = RMSNorm(576, 1e-5)
+    norm.weight.data = (torch.rand(576) + 0.5).bfloat16()
+    x = (torch.randn(40, 576) * torch.logspace(-3, 3, 576)).bfloat16()
+    with torch.no_grad():
+        assert cpu_kernels.rms_norm(x, norm.weight, 1e-5) is not None
+        out = norm(x)
+        assert torch.equal(torch.cat([norm(x[i:i + 1]) for i in range(40)]), out)
+        x32 = x.float()
+        ref = norm.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).bfloat16()
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2 ** -7, atol=0)
+    assert cpu_kernels.rms_norm(x, norm.weight, 1e-5) is None and norm(x).requires_grad
+
+
 @pytest.fixture(scope="module")
 def smollm2_bf16():
     from blockdraft.default_model import smollm2_dir

@@ -508,3 +508,25 @@ int bd_attend(const uint16_t *q, int b, int h, int tq, int d, const uint16_t *k,
     free(scratch);
     return 0;
 }
+
+/* ---- RMSNorm for inference on the CPU: out = w * bf16(x * 1/sqrt(mean(x^2) + eps)) ----
+ * As Llama / Qwen3 define it (statistics in fp32, the weight applied after the cast back, the product
+ * rounded to bf16); the sum of squares in 16 fp32 lanes of fma folded in a fixed tree, one row at a
+ * time: its bits do not depend on the other rows. x, w, out bf16; d % 16 == 0. */
+void bd_rmsnorm(const uint16_t *x, int rows, int d, const uint16_t *w, float eps, uint16_t *out) {
+    for (int r = 0; r < rows; r++) {
+        const uint16_t *xr = x + (size_t)r * d;
+        float part[LANES] = {0};
+        for (int t = 0; t < d; t += LANES)
+            for (int l = 0; l < LANES; l++) {
+                float v = bf16_to_f32(xr[t + l]);
+                part[l] = fmaf(v, v, part[l]);
+            }
+        float inv = 1.0f / sqrtf(fold16(part) / (float)d + eps);
+        uint16_t *o = out + (size_t)r * d;
+        for (int i = 0; i < d; i++) {
+            float y = bf16_to_f32(f32_to_bf16(bf16_to_f32(xr[i]) * inv));
+            o[i] = f32_to_bf16(bf16_to_f32(w[i]) * y);
+        }
+    }
+}

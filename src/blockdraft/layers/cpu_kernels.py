@@ -78,6 +78,9 @@ def library() -> ctypes.CDLL | None:
     lib.bd_attend.argtypes = [ctypes.c_void_p, *[ctypes.c_int] * 4, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,
                               ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.bd_rmsnorm.restype = None
+    lib.bd_rmsnorm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_float,
+                               ctypes.c_void_p]
     return lib
 
 
@@ -182,4 +185,17 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
                              ISAS[isa or best_isa()], torch.get_num_threads())
     if rc != 0:
         raise MemoryError(f"attend: no scratch memory for {b} x {h} x {tk} scores")
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """RMSNorm of bf16 rows on the CPU (`bd_rmsnorm`), or None where it does not apply (another dtype
+    or device, a width not a multiple of 16, autograd recording, no kernel)."""
+    d = x.shape[-1]
+    if (x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or x.device.type != "cpu" or d % 16
+            or torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad) or library() is None):
+        return None
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    library().bd_rmsnorm(x.data_ptr(), x.numel() // d, d, weight.data_ptr(), eps, out.data_ptr())
     return out
