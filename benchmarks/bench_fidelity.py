@@ -31,16 +31,13 @@ def main() -> int:
     from blockdraft.layers.quant import quantize_target
     from blockdraft.loading import load_target
 
-    tok = blockdraft.LLM(drafter="none", quantization="none").tokenizer
-    prompts = [tok.encode_chat([{"role": "user", "content": t}]) for t in load_set("chat", args.prompts)]
-    exact = load_target(smollm2_dir(), "float32")
-    sequences = []
+    llm = blockdraft.LLM(drafter="none", dtype="float32")          # the exact model: fp32, unquantized
+    exact = llm.target
+    prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in load_set("chat", args.prompts)]
+    outs = llm.generate(prompt_token_ids=prompts,
+                        sampling_params=blockdraft.SamplingParams(max_tokens=args.tokens, ignore_eos=True))
+    sequences = [(list(p) + list(o.token_ids), len(p)) for p, o in zip(prompts, outs)]   # fp32 greedy
     with torch.inference_mode():
-        for p in prompts:                      # fp32 greedy continuation, no cache (short sequences)
-            ids = list(p)
-            for _ in range(args.tokens):
-                ids.append(int(exact.logits(ids)[0, -1].argmax()))
-            sequences.append((ids, len(p)))
         reference = [exact.logits(ids)[0, n - 1:-1].double().log_softmax(-1) for ids, n in sequences]
 
     def quantized(scheme: str, kernel: str | None):
