@@ -137,3 +137,24 @@ def test_bad_quantization_is_named():
         load_target(ASSETS / "target-qwen3", "float32", "int8")
     with pytest.raises(ConfigError, match="on cuda use quantization=none"):
         check_scheme("int4", torch.bfloat16, "cuda")
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no C compiler: the layers run unfused")
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_fused_layer_gives_the_unfused_bits(scheme):
+    """A quantized layer in three kernel calls (norms, q/k/v with Qwen3's q/k norms and the rotation,
+    attention, o_proj + residual, gate/up, down + residual) equals its PyTorch spelling bit for bit:
+    prefill, a multi-row step, batch 2, logits and taps."""
+    target = load_target(ASSETS / "target-qwen3", "bfloat16", scheme)
+    assert all(layer.fused for layer in target.layers)
+    ids = torch.randint(0, target.config.vocab_size, (2, 23), generator=torch.Generator().manual_seed(5))
+    outs = {}
+    for fused in (True, False):
+        for layer in target.layers:
+            layer.fused = fused
+        with torch.inference_mode():
+            cache = target.new_cache(2, 32)
+            first, second = target(ids[:, :17], cache, (1, 3)), target(ids[:, 17:], cache, (1, 3))
+        outs[fused] = (first.logits, first.taps, second.logits, second.taps, cache.k[2][:, :, :23])
+    for a, b in zip(outs[True], outs[False]):
+        assert torch.equal(a, b)

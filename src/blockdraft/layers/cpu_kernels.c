@@ -166,7 +166,8 @@ static void block_portable(const uint8_t *w, const uint16_t *sc, int bits, int G
 __attribute__((target("avx2,fma,f16c")))
 static void block_avx2(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0, int n,
                        float *acc) {
-    const __m256i low = _mm256_set1_epi8(15), flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    const __m256i low = _mm256_set1_epi8(15), flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1),
+                  h256 = _mm256_set1_epi16(256);
     size_t wstride = bits == 4 ? 256 : 512, sstride = bits == 4 ? 32 : 16;
     for (int g = 0; g < G; g++) {
         const uint8_t *wg = w + g * wstride;
@@ -190,27 +191,34 @@ static void block_avx2(const uint8_t *w, const uint16_t *sc, int bits, int G, in
             d[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 8 * h)));
             m[h] = bits == 4 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + COLS + 8 * h))) : d[h];
         }
-        for (int r = 0; r < n; r++) {
-            size_t row = (size_t)(r0 + r);
-            const int32_t *xh = (const int32_t *)(a->hi + row * K + g * GROUP);
-            const int32_t *xl = (const int32_t *)(a->lo + row * K + g * GROUP);
-            __m256 dx = _mm256_set1_ps(a->dx[row * G + g]), sx = _mm256_set1_ps(a->sx[row * G + g]);
-            for (int h = 0; h < 2; h++) {
-                __m256i ih = _mm256_setzero_si256(), il = _mm256_setzero_si256();
-                for (int j = 0; j < 8; j++) {
-                    __m256i bh = _mm256_set1_epi32(xh[j]), bl = _mm256_set1_epi32(xl[j]);
-                    __m256i ph = bits == 4 ? _mm256_maddubs_epi16(wv[h][j], bh)
-                                           : _mm256_maddubs_epi16(_mm256_abs_epi8(bh), _mm256_sign_epi8(wv[h][j], bh));
-                    __m256i pl = bits == 4 ? _mm256_maddubs_epi16(wv[h][j], bl)
-                                           : _mm256_maddubs_epi16(_mm256_abs_epi8(bl), _mm256_sign_epi8(wv[h][j], bl));
-                    ih = _mm256_add_epi32(ih, _mm256_madd_epi16(ph, ones));
-                    il = _mm256_add_epi32(il, _mm256_madd_epi16(pl, ones));
+        for (int h = 0; h < 2; h++) {
+            for (int r = 0; r < n; r++) {
+                size_t row = (size_t)(r0 + r);
+                const int32_t *xh = (const int32_t *)(a->hi + row * K + g * GROUP);
+                const int32_t *xl = (const int32_t *)(a->lo + row * K + g * GROUP);
+                __m256i isum;
+                if (bits == 4) {        /* |pair| <= 2*15*128, 8 of them fit int16: widen once */
+                    __m256i ah = _mm256_setzero_si256(), al = _mm256_setzero_si256();
+                    for (int j = 0; j < 8; j++) {
+                        ah = _mm256_add_epi16(ah, _mm256_maddubs_epi16(wv[h][j], _mm256_set1_epi32(xh[j])));
+                        al = _mm256_add_epi16(al, _mm256_maddubs_epi16(wv[h][j], _mm256_set1_epi32(xl[j])));
+                    }
+                    isum = _mm256_add_epi32(_mm256_madd_epi16(ah, h256), _mm256_madd_epi16(al, ones));
+                } else {                /* |pair| <= 2*127*128: widen every product */
+                    __m256i ih = _mm256_setzero_si256(), il = _mm256_setzero_si256();
+                    for (int j = 0; j < 8; j++) {
+                        __m256i bh = _mm256_set1_epi32(xh[j]), bl = _mm256_set1_epi32(xl[j]);
+                        __m256i ph = _mm256_maddubs_epi16(_mm256_abs_epi8(bh), _mm256_sign_epi8(wv[h][j], bh));
+                        __m256i pl = _mm256_maddubs_epi16(_mm256_abs_epi8(bl), _mm256_sign_epi8(wv[h][j], bl));
+                        ih = _mm256_add_epi32(ih, _mm256_madd_epi16(ph, ones));
+                        il = _mm256_add_epi32(il, _mm256_madd_epi16(pl, ones));
+                    }
+                    isum = _mm256_add_epi32(_mm256_slli_epi32(ih, 8), il);
                 }
-                __m256i isum = _mm256_add_epi32(_mm256_slli_epi32(ih, 8), il);
                 float *o = acc + r * COLS + 8 * h;
-                __m256 ddx = _mm256_mul_ps(d[h], dx);
+                __m256 ddx = _mm256_mul_ps(d[h], _mm256_set1_ps(a->dx[row * G + g]));
                 __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), ddx, _mm256_loadu_ps(o));
-                if (bits == 4) v = _mm256_fmadd_ps(m[h], sx, v);
+                if (bits == 4) v = _mm256_fmadd_ps(m[h], _mm256_set1_ps(a->sx[row * G + g]), v);
                 _mm256_storeu_ps(o, v);
             }
         }
@@ -261,10 +269,11 @@ static void block_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, 
     }
 }
 
-/* out [rows, N] (bf16) = x [rows, K] (bf16) times the packed weight; N % 16 == 0, K % 32 == 0.
- * Returns 0, or -1 if scratch memory could not be had. */
+/* out [rows, N] (bf16) = x [rows, K] (bf16) times the packed weight, plus residual [rows, N] where it is
+ * not NULL (added to the bf16 product and rounded again, as a bf16 `residual + product` does);
+ * N % 16 == 0, K % 32 == 0. Returns 0, or -1 if scratch memory could not be had. */
 int bd_qgemm(const uint16_t *x, int rows, int K, const uint8_t *w, const uint16_t *scales, int N, int bits,
-             uint16_t *out, int isa, int threads) {
+             uint16_t *out, const uint16_t *residual, int isa, int threads) {
     int G = K / GROUP, blocks = N / COLS;
     Acts a;
     a.hi = malloc((size_t)rows * K);
@@ -291,7 +300,11 @@ int bd_qgemm(const uint16_t *x, int rows, int K, const uint8_t *w, const uint16_
             else if (isa == ISA_AVX2) block_avx2(wb, sb, bits, G, K, &a, r0, n, acc);
             else block_portable(wb, sb, bits, G, K, &a, r0, n, acc);
             for (int r = 0; r < n; r++)
-                for (int c = 0; c < COLS; c++) out[(size_t)(r0 + r) * N + b * COLS + c] = f32_to_bf16(acc[r * COLS + c]);
+                for (int c = 0; c < COLS; c++) {
+                    size_t at = (size_t)(r0 + r) * N + b * COLS + c;
+                    uint16_t y = f32_to_bf16(acc[r * COLS + c]);
+                    out[at] = residual ? f32_to_bf16(bf16_to_f32(residual[at]) + bf16_to_f32(y)) : y;
+                }
         }
     }
     free(a.hi); free(a.lo); free(a.dx); free(a.sx); free(a.sumhi); free(a.sumlo);
@@ -530,4 +543,76 @@ void bd_rmsnorm(const uint16_t *x, int rows, int d, const uint16_t *w, float eps
             o[i] = f32_to_bf16(bf16_to_f32(w[i]) * y);
         }
     }
+}
+
+/* ---- a decoder layer of the quantized target in three calls (models/target.py's fused path) ----
+ * The operations, order and roundings of the layer's PyTorch spelling over these kernels — RMSNorm,
+ * the projections, the NeoX rotation x*cos + roll(x, d/2)*sin with each op rounded to bf16, the
+ * attention, the residual adds in bf16 — so the same bits, in three calls instead of ~15 dispatches.
+ * The SwiGLU product between the gate/up and down projections stays PyTorch's (its exp). */
+
+/* x [b*t, H] -> q [b, h, t, d], k and v [b, hkv, t, d]: RMSNorm, the fused q/k/v projection, Qwen3's
+ * per-head RMSNorm of q and k where qn_w and kn_w are given, then the rotation of q and k by cos, sin
+ * [b, t, d] (sin's first half negated, as Rotary.cos_sin gives it). */
+int bd_attn_in(const uint16_t *x, int b, int t, int H, const uint16_t *norm_w, float eps, const uint8_t *w,
+               const uint16_t *scales, int bits, int h, int hkv, int d, const uint16_t *qn_w, const uint16_t *kn_w,
+               const uint16_t *cos, const uint16_t *sin, uint16_t *q, uint16_t *k, uint16_t *v, int isa,
+               int threads) {
+    int rows = b * t, heads = h + 2 * hkv, N = heads * d;
+    uint16_t *normed = malloc(2 * (size_t)rows * H), *proj = malloc(2 * (size_t)rows * N);
+    int rc = normed && proj ? 0 : -1;
+    if (rc == 0) {
+        bd_rmsnorm(x, rows, H, norm_w, eps, normed);
+        rc = bd_qgemm(normed, rows, H, w, scales, N, bits, proj, NULL, isa, threads);
+    }
+    for (int r = 0; r < rows && rc == 0; r++) {
+        int bi = r / t, ti = r % t;
+        const uint16_t *c = cos + (size_t)r * d, *sn = sin + (size_t)r * d;
+        for (int hd = 0; hd < heads; hd++) {
+            const uint16_t *src = proj + (size_t)r * N + (size_t)hd * d;
+            uint16_t *dst = hd < h ? q + (((size_t)bi * h + hd) * t + ti) * d
+                          : hd < h + hkv ? k + (((size_t)bi * hkv + hd - h) * t + ti) * d
+                                         : v + (((size_t)bi * hkv + hd - h - hkv) * t + ti) * d;
+            if (hd >= h + hkv) {
+                memcpy(dst, src, 2 * (size_t)d);
+                continue;
+            }
+            uint16_t normed_head[256];
+            if (qn_w) {
+                bd_rmsnorm(src, 1, d, hd < h ? qn_w : kn_w, eps, normed_head);
+                src = normed_head;
+            }
+            for (int i = 0; i < d; i++) {
+                uint16_t a = f32_to_bf16(bf16_to_f32(src[i]) * bf16_to_f32(c[i]));          /* exact product, one rounding */
+                uint16_t rot = f32_to_bf16(bf16_to_f32(src[(i + d / 2) % d]) * bf16_to_f32(sn[i]));
+                dst[i] = f32_to_bf16(bf16_to_f32(a) + bf16_to_f32(rot));
+            }
+        }
+    }
+    free(normed);
+    free(proj);
+    return rc;
+}
+
+/* Attention of q over k, v (bd_attend's arguments), the output projection added to x -> x1 [b*t, H], then
+ * RMSNorm of x1 and the fused gate/up projection -> gu [b*t, N2]. */
+int bd_attn_out(const uint16_t *x, const uint16_t *q, int b, int h, int t, int d, const uint16_t *k,
+                const uint16_t *v, const int64_t *kv_strides, int hkv, int tk, const uint8_t *vis,
+                const int64_t *vis_strides, float scale, const uint8_t *o_w, const uint16_t *o_s, int H,
+                const uint16_t *norm_w, float eps, const uint8_t *gu_w, const uint16_t *gu_s, int N2, int bits,
+                uint16_t *x1, uint16_t *gu, int isa, int threads) {
+    int rows = b * t;
+    uint16_t *heads = malloc(2 * (size_t)rows * h * d), *normed = malloc(2 * (size_t)rows * H);
+    int rc = heads && normed ? 0 : -1;
+    if (rc == 0)
+        rc = bd_attend(q, b, h, t, d, k, v, kv_strides, hkv, tk, vis, vis_strides, scale, heads, isa, threads);
+    if (rc == 0)
+        rc = bd_qgemm(heads, rows, h * d, o_w, o_s, H, bits, x1, x, isa, threads);
+    if (rc == 0) {
+        bd_rmsnorm(x1, rows, H, norm_w, eps, normed);
+        rc = bd_qgemm(normed, rows, H, gu_w, gu_s, N2, bits, gu, NULL, isa, threads);
+    }
+    free(heads);
+    free(normed);
+    return rc;
 }

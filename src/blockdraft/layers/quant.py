@@ -171,6 +171,10 @@ def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) ->
         attn.o_proj = QuantizedLinear(attn.o_proj.weight, attn.o_proj.bias, scheme, kernel)
         mlp.gate_up_proj = _fused(mlp, ("gate_proj", "up_proj"), scheme, kernel)
         mlp.down_proj = QuantizedLinear(mlp.down_proj.weight, mlp.down_proj.bias, scheme, kernel)
+        own = all(m.kernel == "qgemm" and m.bias is None
+                  for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+        layer.fused = own and attn.head_dim % 16 == 0 and attn.head_dim <= 256 and (
+            not attn.qk_norm or attn.q_norm.eps == attn.k_norm.eps == layer.input_layernorm.eps)
     # the LM head stays at 8 bits, in groups of 32: the precision 4-bit GGUFs keep it at (the default
     # model's tied embedding / head is Q8_0)
     head = "int8_g32" if model.lm_head.weight.shape[1] % INT4_GROUP == 0 else "int8"
