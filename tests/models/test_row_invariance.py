@@ -71,26 +71,34 @@ def test_attention_still_matches_sdpa(tq, tk):
     assert torch.equal(attend(qb[:, :, -3:], kb, vb, vis[:, :, -3:], 0.25), whole[:, -3:])
 
 
-def test_cpu_attention_kernel_same_bits_on_every_instruction_set():
-    """The own kernel's AVX512, AVX2 and portable spellings give the same bits, close to the float64 form;
+@pytest.mark.parametrize("h, hkv, d", [(6, 2, 32), (8, 2, 48), (5, 5, 16), (8, 1, 64)])
+def test_cpu_attention_kernel_same_bits_on_every_instruction_set(h, hkv, d):
+    """The own kernel's AVX2 spelling (query heads of a KV head together, 4 keys at a time) and the
+    portable one (a head at a time) give the same bits, on 1 and 2 threads, close to the float64 form;
     a row that sees no key gives zeros."""
     from blockdraft.layers import cpu_kernels as kernels
     from blockdraft.layers.attention import _row_stable
 
     assert kernels.attention_fits(torch.zeros(1, 1, 1, 64).bfloat16(), torch.zeros(1, 1, 1, 64).bfloat16())
     g = torch.Generator().manual_seed(4)
-    q = (torch.randn(2, 6, 5, 32, generator=g) * 3).bfloat16()
-    k = (torch.randn(2, 2, 90, 32, generator=g) * 3).bfloat16()
-    v = torch.randn(2, 2, 90, 32, generator=g).bfloat16()
+    q = (torch.randn(2, h, 5, d, generator=g) * 3).bfloat16()
+    k = (torch.randn(2, hkv, 90, d, generator=g) * 3).bfloat16()
+    v = torch.randn(2, hkv, 90, d, generator=g).bfloat16()
     vis = causal_visibility(torch.tensor([[40, 41, 42, 43, 44], [80, 81, 82, 83, 84]]),
                             torch.arange(90).expand(2, 90))
     vis[1, 0, 2] = False                                              # a row that sees nothing
     isas = [i for i in kernels.ISAS if kernels.ISAS[i] <= kernels.ISAS[kernels.best_isa()]]
     outs = {isa: kernels.attend(q, k, v, vis, 0.2, isa) for isa in isas}
-    for isa in isas:
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        outs["2 threads"] = kernels.attend(q, k, v, vis, 0.2)
+    finally:
+        torch.set_num_threads(threads)
+    for isa in outs:
         assert torch.equal(outs[isa], outs["portable"]), isa
-    assert torch.equal(outs["portable"][1, 2], torch.zeros(6 * 32).bfloat16())
-    ref = _row_stable(q, k, v, vis, 0.2, 3).transpose(1, 2).reshape(2, 5, 6 * 32)
+    assert torch.equal(outs["portable"][1, 2], torch.zeros(h * d).bfloat16())
+    ref = _row_stable(q, k, v, vis, 0.2, h // hkv).transpose(1, 2).reshape(2, 5, h * d)
     torch.testing.assert_close(outs["portable"].float(), ref.float(), atol=0.02, rtol=0.02)
 
 

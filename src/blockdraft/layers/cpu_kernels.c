@@ -414,8 +414,11 @@ static int compact(float *scores, const uint8_t *seen, int64_t seen_stride, int 
 /* The visible keys' probabilities, compacted (scores[0..n) = p in key order, keys as `compact` leaves
  * them); the denominator sums p in 16 lanes (key i into lane i % 16), folded as the scores are. */
 static int probs(float *scores, const uint8_t *seen, int64_t seen_stride, int tk, float peak, float scale,
-                 float *denom, int isa) {
-    int n = compact(scores, seen, seen_stride, tk), i = 0;
+                 float *denom, int isa);
+
+/* scores[0..n) (visible keys, in key order) -> their probabilities; *denom their 16-lane sum, folded. */
+static void exps(float *scores, int n, float peak, float scale, float *denom, int isa) {
+    int i = 0;
     float lanes[LANES] = {0};
     if (isa != ISA_PORTABLE && peak > -INFINITY) i = probs_avx2(scores, n, peak, scale, lanes);
     for (; i < n; i++) {
@@ -423,6 +426,12 @@ static int probs(float *scores, const uint8_t *seen, int64_t seen_stride, int tk
         lanes[i % LANES] += scores[i];
     }
     *denom = fold16(lanes);
+}
+
+static int probs(float *scores, const uint8_t *seen, int64_t seen_stride, int tk, float peak, float scale,
+                 float *denom, int isa) {
+    int n = compact(scores, seen, seen_stride, tk);
+    exps(scores, n, peak, scale, denom, isa);
     return n;
 }
 
@@ -457,38 +466,74 @@ static inline float fold8(__m256 s8) {                 /* lanes 0..7 after the w
     return _mm_cvtss_f32(s1);
 }
 
+/* fold8 of four vectors at once, the same additions: lanes 0, 4, 1, 5 of the result are s0..s3's sums */
 __attribute__((target("avx2,fma")))
-static void row_avx2(const float *qv, const uint16_t *kb, const uint16_t *vb, int64_t ks, int64_t vs, int tk,
-                     int d, const uint8_t *seen, int64_t seen_stride, float scale, float *scores, float *acc) {
-    float peak = -INFINITY, denom = 0.0f;
-    for (int j = 0; j < tk; j++) {
-        if (seen && !seen[j * seen_stride]) continue;
-        __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-        const uint16_t *kr = kb + j * ks;
-        for (int t = 0; t < d; t += LANES) {
-            a = _mm256_fmadd_ps(_mm256_loadu_ps(qv + t), load8_bf16(kr + t), a);
-            b = _mm256_fmadd_ps(_mm256_loadu_ps(qv + t + 8), load8_bf16(kr + t + 8), b);
+static inline __m256 fold8x4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
+    __m256 u01 = _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+    __m256 u23 = _mm256_add_ps(_mm256_permute2f128_ps(s2, s3, 0x20), _mm256_permute2f128_ps(s2, s3, 0x31));
+    __m256 w = _mm256_add_ps(_mm256_shuffle_ps(u01, u23, _MM_SHUFFLE(1, 0, 1, 0)),     /* l + (l + 2) */
+                             _mm256_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm256_add_ps(_mm256_shuffle_ps(w, w, _MM_SHUFFLE(2, 0, 2, 0)),              /* 0 + 1 */
+                         _mm256_shuffle_ps(w, w, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* row_portable for the G query heads of one KV head at one query row (qv [G][d] fp32), in AVX2: each
+ * visible key (keys[0..n), in order) and value is converted from bf16 once for all G heads, and every
+ * head runs row_portable's arithmetic in its order (the same bits: the score's 16 lanes are a's 8 and
+ * b's 8, folded as fold16 does). scores [G][n] scratch; acc [G][d + 1]. */
+__attribute__((target("avx2,fma")))
+static void group_avx2(const float *qv, int G, const uint16_t *kb, const uint16_t *vb, int64_t ks, int64_t vs,
+                       const int *keys, int n, int d, float scale, float *scores, float *acc) {
+    float conv[4][256] __attribute__((aligned(32))), peak[G], four[8];
+    memset(conv, 0, sizeof conv);
+    for (int g = 0; g < G; g++) peak[g] = -INFINITY;
+    for (int i0 = 0; i0 < n; i0 += 4) {            /* 4 keys at a time: independent fma chains */
+        int m = n - i0 < 4 ? n - i0 : 4;
+        for (int u = 0; u < m; u++) {
+            const uint16_t *kr = kb + (int64_t)keys[i0 + u] * ks;
+            for (int t = 0; t < d; t += 8) _mm256_store_ps(conv[u] + t, load8_bf16(kr + t));
         }
-        scores[j] = fold8(_mm256_add_ps(a, b));
-        peak = scores[j] > peak ? scores[j] : peak;
-    }
-    int n = probs(scores, seen, seen_stride, tk, peak, scale, &denom, ISA_AVX2);
-    for (int x = 0; x < d; x += 32) {              /* 4 accumulators in registers, keys in order */
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int i = 0; i < n; i++) {
-            const uint16_t *vr = vb + (int64_t)((int *)scores)[tk + i] * vs + x;
-            __m256 pv = _mm256_set1_ps(scores[i]);
-            a0 = _mm256_fmadd_ps(pv, load8_bf16(vr), a0);
-            if (x + 8 < d) a1 = _mm256_fmadd_ps(pv, load8_bf16(vr + 8), a1);
-            if (x + 16 < d) a2 = _mm256_fmadd_ps(pv, load8_bf16(vr + 16), a2);
-            if (x + 24 < d) a3 = _mm256_fmadd_ps(pv, load8_bf16(vr + 24), a3);
+        for (int g = 0; g < G; g++) {
+            const float *qg = qv + g * d;
+            __m256 a[4], b[4];
+            for (int u = 0; u < 4; u++) a[u] = b[u] = _mm256_setzero_ps();
+            for (int t = 0; t < d; t += LANES) {
+                __m256 qa = _mm256_loadu_ps(qg + t), qb = _mm256_loadu_ps(qg + t + 8);
+                for (int u = 0; u < 4; u++) {
+                    a[u] = _mm256_fmadd_ps(qa, _mm256_load_ps(conv[u] + t), a[u]);
+                    b[u] = _mm256_fmadd_ps(qb, _mm256_load_ps(conv[u] + t + 8), b[u]);
+                }
+            }
+            _mm256_storeu_ps(four, fold8x4(_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1]),
+                                           _mm256_add_ps(a[2], b[2]), _mm256_add_ps(a[3], b[3])));
+            for (int u = 0; u < m; u++) {
+                float sc = four[(u & 1) * 4 + (u >> 1)];    /* keys 0, 2 in lanes 0, 1; keys 1, 3 in 4, 5 */
+                scores[g * n + i0 + u] = sc;
+                peak[g] = sc > peak[g] ? sc : peak[g];
+            }
         }
-        _mm256_storeu_ps(acc + x, a0);
-        if (x + 8 < d) _mm256_storeu_ps(acc + x + 8, a1);
-        if (x + 16 < d) _mm256_storeu_ps(acc + x + 16, a2);
-        if (x + 24 < d) _mm256_storeu_ps(acc + x + 24, a3);
     }
-    acc[d] = denom;
+    for (int g = 0; g < G; g++) exps(scores + g * n, n, peak[g], scale, acc + g * (d + 1) + d, ISA_AVX2);
+    for (int x = 0; x < d; x += 32) {              /* per head 4 accumulators, keys in order */
+        int w = d - x < 32 ? d - x : 32;
+        for (int g0 = 0; g0 < G; g0 += 3) {        /* 3 heads' 12 accumulators in registers */
+            int gn = G - g0 < 3 ? G - g0 : 3;
+            __m256 a[3][4];
+            for (int g = 0; g < 3; g++)
+                for (int c = 0; c < 4; c++) a[g][c] = _mm256_setzero_ps();
+            for (int i = 0; i < n; i++) {
+                const uint16_t *vr = vb + (int64_t)keys[i] * vs + x;
+                __m256 vv[4];
+                for (int c = 0; c < 4; c++) vv[c] = c * 8 < w ? load8_bf16(vr + 8 * c) : _mm256_setzero_ps();
+                for (int g = 0; g < gn; g++) {
+                    __m256 pv = _mm256_set1_ps(scores[(g0 + g) * n + i]);
+                    for (int c = 0; c < 4; c++) a[g][c] = _mm256_fmadd_ps(pv, vv[c], a[g][c]);
+                }
+            }
+            for (int g = 0; g < gn; g++)
+                for (int c = 0; c * 8 < w; c++) _mm256_storeu_ps(acc + (g0 + g) * (d + 1) + x + 8 * c, a[g][c]);
+        }
+    }
 }
 
 /* q [b, h, tq, d] contiguous bf16; k, v bf16 with strides (batch, kv head, key) in elements and the
@@ -497,30 +542,52 @@ static void row_avx2(const float *qv, const uint16_t *kb, const uint16_t *vb, in
 int bd_attend(const uint16_t *q, int b, int h, int tq, int d, const uint16_t *k, const uint16_t *v,
               const int64_t *kv_strides, int hkv, int tk, const uint8_t *vis, const int64_t *vis_strides,
               float scale, uint16_t *out, int isa, int threads) {
-    int groups = h / hkv;
+    int groups = h / hkv, failed = 0;
     if (d > 256 || d % LANES) return -2;
-    float *scratch = malloc(sizeof(float) * 2 * (size_t)tk * (size_t)b * h);
-    if (!scratch) return -1;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int bh = 0; bh < b * h; bh++) {
-        int bi = bh / h, hh = bh % h, kvh = hh / groups;
-        const uint16_t *kb = k + bi * kv_strides[0] + kvh * kv_strides[1];
-        const uint16_t *vb = v + bi * kv_strides[3] + kvh * kv_strides[4];
-        for (int i = 0; i < tq; i++) {
-            const uint16_t *qr = q + (((size_t)bi * h + hh) * tq + i) * d;
-            const uint8_t *seen = vis ? vis + bi * vis_strides[0] + i * vis_strides[1] : NULL;
-            float qv[256], acc[257] = {0};                        /* acc[d]: the denominator */
-            for (int x = 0; x < d; x++) qv[x] = bf16_to_f32(qr[x]);
-            float *scores = scratch + 2 * (size_t)bh * tk;
-            int64_t st = vis ? vis_strides[2] : 0;
-            if (isa != ISA_PORTABLE) row_avx2(qv, kb, vb, kv_strides[2], kv_strides[5], tk, d, seen, st, scale, scores, acc);
-            else row_portable(qv, kb, vb, kv_strides[2], kv_strides[5], tk, d, seen, st, scale, scores, acc);
-            uint16_t *o = out + ((size_t)bi * tq + i) * h * d + (size_t)hh * d;
-            for (int x = 0; x < d; x++) o[x] = f32_to_bf16(acc[d] > 0.0f ? acc[x] / acc[d] : 0.0f);
+#pragma omp parallel num_threads(threads)
+    {
+        /* per thread: the scores of a group ([groups][2 tk]; the portable path compacts in place),
+         * the visible keys' indices [tk], and the accumulators [groups][d + 1] */
+        float *scores = malloc(sizeof(float) * 2 * (size_t)tk * groups), *acc = malloc(sizeof(float) * groups * (d + 1));
+        int *keys = malloc(sizeof(int) * (size_t)(tk > 0 ? tk : 1));
+        float *qv = malloc(sizeof(float) * groups * d);
+        int ok = scores && acc && keys && qv;
+        if (!ok) {
+#pragma omp atomic write
+            failed = 1;
         }
+#pragma omp for schedule(static)
+        for (int unit = 0; unit < b * hkv * tq; unit++) {          /* (batch, KV head, query row) */
+            if (!ok) continue;
+            int bi = unit / (hkv * tq), kvh = unit / tq % hkv, i = unit % tq;
+            const uint16_t *kb = k + bi * kv_strides[0] + kvh * kv_strides[1];
+            const uint16_t *vb = v + bi * kv_strides[3] + kvh * kv_strides[4];
+            const uint8_t *seen = vis ? vis + bi * vis_strides[0] + i * vis_strides[1] : NULL;
+            int64_t st = vis ? vis_strides[2] : 0;
+            memset(acc, 0, sizeof(float) * groups * (d + 1));
+            for (int g = 0; g < groups; g++) {
+                const uint16_t *qr = q + (((size_t)bi * h + kvh * groups + g) * tq + i) * d;
+                for (int x = 0; x < d; x++) qv[g * d + x] = bf16_to_f32(qr[x]);
+            }
+            if (isa != ISA_PORTABLE) {
+                int n = 0;
+                for (int j = 0; j < tk; j++)
+                    if (!seen || seen[j * st]) keys[n++] = j;
+                group_avx2(qv, groups, kb, vb, kv_strides[2], kv_strides[5], keys, n, d, scale, scores, acc);
+            } else {
+                for (int g = 0; g < groups; g++)
+                    row_portable(qv + g * d, kb, vb, kv_strides[2], kv_strides[5], tk, d, seen, st, scale, scores,
+                                 acc + g * (d + 1));
+            }
+            for (int g = 0; g < groups; g++) {
+                const float *ag = acc + g * (d + 1);
+                uint16_t *o = out + ((size_t)bi * tq + i) * h * d + (size_t)(kvh * groups + g) * d;
+                for (int x = 0; x < d; x++) o[x] = f32_to_bf16(ag[d] > 0.0f ? ag[x] / ag[d] : 0.0f);
+            }
+        }
+        free(scores); free(acc); free(keys); free(qv);
     }
-    free(scratch);
-    return 0;
+    return failed ? -1 : 0;
 }
 
 /* ---- RMSNorm for inference on the CPU: out = w * bf16(x * 1/sqrt(mean(x^2) + eps)) ----
