@@ -103,6 +103,7 @@ def main() -> int:
         return time.perf_counter() - t0, outs
 
     modes = [*ours, *([] if hf is None else ["hf"]), *ort]
+    first_ar = next(m for m in ours if m.startswith("ar"))      # bf16 AR where it runs: HF's and ORT's reference
     raw: dict = {}
     for batch in batches:
         rate = {m: [] for m in modes if m != "hf" or batch == 1}
@@ -118,14 +119,13 @@ def main() -> int:
             for mode in rate:
                 rate[mode].append(sum(len(o) for o in outs[mode]) / seconds[mode])
                 if rep == 0:          # against AR of the same numerics (bf16 AR for HF and ORT-GenAI)
-                    ref = outs.get(ar_of.get(mode, "ar"), outs[mode])
+                    ref = outs[ar_of.get(mode, first_ar)]
                     same_as_ar[mode] = sum(a == b for a, b in zip(outs[mode], ref))
                 print(f"batch {batch} rep {rep} {mode}: {rate[mode][-1]:.1f} tok/s", file=sys.stderr, flush=True)
-        bf16_ar = rate.get("ar")
         raw[batch] = {m: {"tokens_per_s": statistics.median(v), "repeats": v,
-                          "vs_our_ar": statistics.median(x / y for x, y in zip(v, bf16_ar or rate[ar_of[m]])),
+                          "vs_our_ar": statistics.median(x / y for x, y in zip(v, rate[first_ar])),
                           "vs_our_ar_same_numerics": statistics.median(
-                              x / y for x, y in zip(v, rate[ar_of.get(m, "ar")])),
+                              x / y for x, y in zip(v, rate[ar_of.get(m, first_ar)])),
                           "greedy_equal_to_our_ar": f"{same_as_ar[m]}/{len(prompts)}"} for m, v in rate.items()}
     al = {}
     for name in [m for m in ours if not m.startswith("ar")]:

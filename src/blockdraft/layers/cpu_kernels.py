@@ -15,9 +15,8 @@ and sums in a fixed order, masked keys never read), so its bits do not depend on
 or on masked keys either; it replaces the float64 form of `layers/attention.py` for bf16 on the
 CPU (39 vs 89 us for a one-row SmolLM2 layer at 300 keys).
 
-A quantized target layer runs as three calls (`attn_in`: RMSNorm, q/k/v, Qwen3's q/k norms, the
-rotation; `attn_out`: attention, o_proj + residual, RMSNorm, gate/up; `matmul` with a residual: down
-+ residual), with the bits of its PyTorch spelling over the same kernels (tested): a one-row int4
+A quantized target layer runs as three calls (`decoder_layer`: RMSNorm, q/k/v, Qwen3's q/k norms,
+the rotation; attention, o_proj + residual, RMSNorm, gate/up; down + residual), with the bits of its PyTorch spelling over the same kernels (tested): a one-row int4
 SmolLM2 step went from 20.5 to 16.0 ms on a 2-core AVX2 EPYC, the ~15 dispatches' overhead.
 On AVX2, 4-bit products are summed in 16 bits over 32 inputs before widening (no overflow: 8 pair
 sums of at most 2*15*128), which measured 1.2x faster than widening each one, the same integers.
@@ -37,9 +36,11 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.nn import functional as F
 
 log = logging.getLogger(__name__)
 
@@ -207,46 +208,57 @@ def _keys_and_mask(k, v, visible, b: int, tq: int):
     return k, v, strides, visible.data_ptr(), (ctypes.c_int64 * 3)(*visible.stride())
 
 
-def attn_in(x: torch.Tensor, norm, qkv, cos: torch.Tensor, sin: torch.Tensor, h: int, hkv: int,
-            qk_norms=None, isa: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A quantized decoder layer's first part: x [b, t, H] -> RMSNorm (`norm`: weight, eps), the fused
-    q/k/v projection (`qkv`: a qgemm QuantizedLinear without bias), Qwen3's per-head q and k norms
-    (`qk_norms`, with norm's eps) where given, q and k rotated by cos/sin [b, 1, t, d]
-    -> q [b, h, t, d], k, v [b, hkv, t, d]; the bits of the unfused PyTorch spelling."""
+@dataclass(frozen=True, slots=True)
+class LayerWeights:
+    """A quantized decoder layer as `decoder_layer` reads it: plain tensors, gathered once by
+    `layers/quant.py` (each nn.Module attribute lookup on the per-token path costs ~1 us)."""
+    norm1: torch.Tensor                   # [H] bf16, before attention
+    norm2: torch.Tensor                   # [H] bf16, before the MLP
+    eps: float
+    qkv: tuple[torch.Tensor, torch.Tensor]          # (packed, scales) [(h + 2 hkv) d, H]
+    o: tuple[torch.Tensor, torch.Tensor]            # [H, h d]
+    gate_up: tuple[torch.Tensor, torch.Tensor]      # [2 I, H]
+    down: tuple[torch.Tensor, torch.Tensor]         # [H, I]
+    qk_norms: tuple[torch.Tensor, torch.Tensor] | None   # Qwen3's per-head q and k norm weights [d]
+    bits: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+
+
+def decoder_layer(w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step, layer: int,
+                  isa: str | None = None) -> torch.Tensor:
+    """x [b, t, H] -> the layer's output, with the bits of its PyTorch spelling over these kernels, in three
+    calls: `bd_attn_in` (RMSNorm, q/k/v, q/k norms, the rotation by cos/sin [b, 1, t, d]), then the cache
+    write (`step.kv`), `bd_attn_out` (attention over what step.kv returns and `step.visible`, o_proj +
+    residual, RMSNorm, gate/up), PyTorch's SwiGLU product, and `bd_qgemm` (down + residual)."""
+    lib, code, threads = library(), ISAS[isa or best_isa()], torch.get_num_threads()
     b, t, H = x.shape
-    d = qkv.out_features // (h + 2 * hkv)
+    h, hkv, d = w.heads, w.kv_heads, w.head_dim
+    x = x.contiguous()
     q = torch.empty(b, h, t, d, dtype=torch.bfloat16)
     k, v = torch.empty(b, hkv, t, d, dtype=torch.bfloat16), torch.empty(b, hkv, t, d, dtype=torch.bfloat16)
-    x, cos, sin = x.contiguous(), cos.expand(b, 1, t, d).contiguous(), sin.expand(b, 1, t, d).contiguous()
-    rc = library().bd_attn_in(x.data_ptr(), b, t, H, norm.weight.data_ptr(), norm.eps,
-                              qkv.qweight.data_ptr(), qkv.scales.data_ptr(), qkv.bits, h, hkv, d,
-                              *[n.weight.data_ptr() for n in qk_norms] if qk_norms else (None, None), cos.data_ptr(),
-                              sin.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), ISAS[isa or best_isa()],
-                              torch.get_num_threads())
+    cos, sin = cos.expand(b, 1, t, d).contiguous(), sin.expand(b, 1, t, d).contiguous()
+    qn, kn = (n.data_ptr() for n in w.qk_norms) if w.qk_norms else (None, None)
+    rc = lib.bd_attn_in(x.data_ptr(), b, t, H, w.norm1.data_ptr(), w.eps, w.qkv[0].data_ptr(), w.qkv[1].data_ptr(),
+                        w.bits, h, hkv, d, qn, kn, cos.data_ptr(), sin.data_ptr(), q.data_ptr(), k.data_ptr(),
+                        v.data_ptr(), code, threads)
     if rc != 0:
-        raise MemoryError(f"attn_in: no scratch memory for {b * t} rows")
-    return q, k, v
-
-
-def attn_out(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None,
-             scale: float, o_proj, norm, gate_up, isa: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The layer's middle: attention of q [b, h, t, d] over k, v [b, hkv, tk, d], the output projection
-    added to x [b, t, H] -> x1, then RMSNorm and the fused gate/up projection -> (x1, gate_up [b, t, 2I])."""
-    b, h, t, d = q.shape
-    H = x.shape[-1]
-    x = x.contiguous()
-    k, v, strides, mask, mask_strides = _keys_and_mask(k, v, visible, b, t)
+        raise MemoryError(f"decoder_layer: no scratch memory for {b * t} rows")
+    k, v = step.kv(layer, k, v)
+    k, v, strides, mask, mask_strides = _keys_and_mask(k, v, step.visible, b, t)
     x1 = torch.empty(b, t, H, dtype=torch.bfloat16)
-    gu = torch.empty(b, t, gate_up.out_features, dtype=torch.bfloat16)
-    rc = library().bd_attn_out(x.data_ptr(), q.data_ptr(), b, h, t, d, k.data_ptr(), v.data_ptr(),
-                               strides, k.shape[1], k.shape[2], mask, mask_strides, scale, o_proj.qweight.data_ptr(),
-                               o_proj.scales.data_ptr(), H, norm.weight.data_ptr(), norm.eps,
-                               gate_up.qweight.data_ptr(), gate_up.scales.data_ptr(), gate_up.out_features,
-                               o_proj.bits, x1.data_ptr(), gu.data_ptr(), ISAS[isa or best_isa()],
-                               torch.get_num_threads())
+    gate_up = torch.empty(b, t, 2 * w.intermediate, dtype=torch.bfloat16)
+    rc = lib.bd_attn_out(x.data_ptr(), q.data_ptr(), b, h, t, d, k.data_ptr(), v.data_ptr(), strides, hkv,
+                         k.shape[2], mask, mask_strides, d ** -0.5, w.o[0].data_ptr(), w.o[1].data_ptr(), H,
+                         w.norm2.data_ptr(), w.eps, w.gate_up[0].data_ptr(), w.gate_up[1].data_ptr(),
+                         2 * w.intermediate, w.bits, x1.data_ptr(), gate_up.data_ptr(), code, threads)
     if rc != 0:
-        raise MemoryError(f"attn_out: no scratch memory for {b * t} rows")
-    return x1, gu
+        raise MemoryError(f"decoder_layer: no scratch memory for {b * t} rows")
+    gate, up = gate_up.chunk(2, dim=-1)
+    act = (F.silu(gate) * up).view(b * t, w.intermediate)                                      # [b*t, I]
+    return matmul(act, *w.down, w.bits, H, isa, residual=x1.view(b * t, H)).view(b, t, H)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:

@@ -171,10 +171,7 @@ def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) ->
         attn.o_proj = QuantizedLinear(attn.o_proj.weight, attn.o_proj.bias, scheme, kernel)
         mlp.gate_up_proj = _fused(mlp, ("gate_proj", "up_proj"), scheme, kernel)
         mlp.down_proj = QuantizedLinear(mlp.down_proj.weight, mlp.down_proj.bias, scheme, kernel)
-        own = all(m.kernel == "qgemm" and m.bias is None
-                  for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
-        layer.fused = own and attn.head_dim % 16 == 0 and attn.head_dim <= 256 and (
-            not attn.qk_norm or attn.q_norm.eps == attn.k_norm.eps == layer.input_layernorm.eps)
+        layer.fused = _fused_layer(layer)
     # the LM head stays at 8 bits, in groups of 32: the precision 4-bit GGUFs keep it at (the default
     # model's tied embedding / head is Q8_0)
     head = "int8_g32" if model.lm_head.weight.shape[1] % INT4_GROUP == 0 else "int8"
@@ -182,6 +179,21 @@ def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) ->
     model.quantization = scheme
     model.quantization_kernel = kernels_in(model)
     return model
+
+
+def _fused_layer(layer: nn.Module) -> kernels.LayerWeights | None:
+    """The layer's weights for `cpu_kernels.decoder_layer`, where its kernels take the whole layer."""
+    attn, mlp = layer.self_attn, layer.mlp
+    projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    norms = (layer.input_layernorm, layer.post_attention_layernorm, *([attn.q_norm, attn.k_norm] if attn.qk_norm else []))
+    if (any(m.kernel != "qgemm" or m.bias is not None for m in projections) or attn.head_dim % 16
+            or attn.head_dim > 256 or len({n.eps for n in norms}) > 1):
+        return None
+    return kernels.LayerWeights(
+        layer.input_layernorm.weight, layer.post_attention_layernorm.weight, layer.input_layernorm.eps,
+        *((m.qweight, m.scales) for m in projections),
+        (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else None,
+        attn.qkv_proj.bits, attn.num_heads, attn.num_kv_heads, attn.head_dim, mlp.down_proj.in_features)
 
 
 def kernels_in(model: nn.Module) -> str:

@@ -87,27 +87,13 @@ class DecoderLayer(DirectCall):
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.fused = False            # set by `layers/quant.py` where the CPU kernels take the whole layer
+        self.fused: kernels.LayerWeights | None = None   # set by `layers/quant.py` where the CPU kernels take the layer
 
     def forward(self, x, cos, sin, step, layer):
-        if self.fused:
-            return self._fused_forward(x, cos, sin, step, layer)
+        if self.fused is not None:    # the same bits in three kernel calls
+            return kernels.decoder_layer(self.fused, x, cos, sin, step, layer)
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, step, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
-
-    def _fused_forward(self, x, cos, sin, step, layer):
-        """The same layer, bit for bit, in three kernel calls around the cache write and SwiGLU."""
-        attn, mlp = self.self_attn, self.mlp
-        q, k, v = kernels.attn_in(x, self.input_layernorm, attn.qkv_proj, cos, sin, attn.num_heads, attn.num_kv_heads,
-                                  (attn.q_norm, attn.k_norm) if attn.qk_norm else None)
-        k, v = step.kv(layer, k, v)
-        x, gate_up = kernels.attn_out(x, q, k, v, step.visible, attn.head_dim ** -0.5, attn.o_proj,
-                                      self.post_attention_layernorm, mlp.gate_up_proj)
-        gate, up = gate_up.chunk(2, dim=-1)
-        down = mlp.down_proj
-        act = (F.silu(gate) * up).view(-1, down.in_features)                                # [b*t, I]
-        return kernels.matmul(act, down.qweight, down.scales, down.bits, down.out_features,
-                              residual=x.view(-1, x.shape[-1])).view_as(x)
 
 
 @dataclass
