@@ -5,7 +5,8 @@
 Target: one SmolLM2 pass over R new rows (R = 1, 2, 4, 8, 9, 16) after a `--context`-token
 prefill, in bf16 with the row-invariant kernels (what ships), bf16 with plain SDPA/F.linear
 (not row-invariant: for comparison), fp32, and weight-only int8 / int4 (bf16 activations).
-Drafter: one block pass of each shipped drafter (context already written) in bf16. Medians of `--repeats`; every configuration is timed in
+Drafter: one block pass of each shipped drafter (context already written) in bf16 and in int4 (its
+target's numerics: what the default command runs), logits over the first R rows. Medians of `--repeats`; every configuration is timed in
 the same process, interleaved by repeat. Writes benchmarks/results/costs.json and docs/costs.png.
 """
 
@@ -61,13 +62,14 @@ def main() -> int:
             cache = t.new_cache(1, args.context + 32)
             t(prompt, cache)
             caches[name] = cache
-        drafters = {}
+        drafters = {}     # each shipped drafter in its target's numerics: bf16, and int4 (what the default runs)
         for kind in ("dspark", "dflash"):
-            t = targets["bf16 row-invariant"][0]
-            d = load_drafter(resolve_drafter_dir(None, kind), t)
-            dc = d.new_cache(1, args.context + 32)
-            d.extend_context(t(prompt, t.new_cache(1, args.context + 32), d.config.taps).taps, dc)
-            drafters[kind] = (d, dc)
+            for numerics, target_name in (("bf16", "bf16 row-invariant"), ("int4", "int4 weight-only")):
+                t = targets[target_name][0]
+                d = load_drafter(resolve_drafter_dir(None, kind), t)
+                dc = d.new_cache(1, args.context + 32)
+                d.extend_context(t(prompt, t.new_cache(1, args.context + 32), d.config.taps).taps, dc)
+                drafters[f"{kind} {numerics}"] = (d, dc)
 
         times: dict[str, dict[int, list[float]]] = {n: {r: [] for r in ROWS} for n in [*targets, *drafters]}
         for _ in range(args.repeats):
@@ -98,7 +100,7 @@ def main() -> int:
         fig, ax = made
         for name, per in report["ms"].items():
             ax.plot(list(per), list(per.values()), marker="o",
-                    label=name if name in targets else f"drafter {name} (bf16, logits rows)")
+                    label=name if name in targets else f"drafter {name} (block, logits rows)")
         ax.set_xlabel("rows in the pass")
         ax.set_ylabel("ms (median)")
         ax.set_title(f"SmolLM2-135M step cost, context {args.context}, {args.threads} thread(s)")
