@@ -33,7 +33,6 @@ from .runtime import drafter_rows, packed_metadata
 
 LATTICE_KINDS = ("dspark", "dflash2")
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
-ONNX_DTYPE = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
 def cache_names(prefix: str, n: int) -> list[str]:
@@ -41,8 +40,7 @@ def cache_names(prefix: str, n: int) -> list[str]:
 
 
 def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | Path, dtype: str = "fp32",
-                top_k: int | None = None, opset: int = 18, page_size: int = 32, max_batch_size: int = 8,
-                kv_tokens: int = 16384) -> Path:
+                top_k: int | None = None, page_size: int = 32, max_batch_size: int = 8, kv_tokens: int = 16384) -> Path:
     """Write OUT_DIR (see the module docstring). `page_size` is the KV page (engine.dynamic_batching.
     block_size; static in the drafter graph), `max_batch_size` and `kv_tokens` size og.Engine's pools."""
     if dtype not in DTYPES:
@@ -98,7 +96,7 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
     _export(TargetGraph(target, cfg.taps), (torch.tensor([1, 2, 3, 4, 5]), *meta.values(), *t_pools),
             tmp / "model.onnx", ["input_ids", *meta, *t_in], ["logits", "aux_hidden_states", *t_out],
             {"input_ids": {0: "num_tokens"}, **seq_axes, **t_axes, "logits": {0: "num_tokens"},
-             "aux_hidden_states": {0: "num_tokens"}}, opset)
+             "aux_hidden_states": {0: "num_tokens"}})
     feat = len(cfg.taps.layers) * t.hidden_size
     d_in, d_out, d_pools, d_axes = pools(d.num_layers, d.num_kv_heads, d.head_dim)
     b = d.block_size
@@ -114,7 +112,7 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
                                *meta, *d_in], ["draft_candidate_ids", "draft_scores", *d_out],
             {"aux_hidden_states": {0: "num_ctx"}, "input_ids": {0: "num_block"}, "q_row_map": {0: "num_tokens"},
              "qkv_row_map": {0: "num_tokens"}, "block_row_index": {0: "num_block"}, **seq_axes, **d_axes,
-             "draft_candidate_ids": {0: "batch"}, "draft_scores": {0: "batch"}}, opset)
+             "draft_candidate_ids": {0: "batch"}, "draft_scores": {0: "batch"}})
     n = d.num_draft_tokens
     fix_contract_io(tmp / "model.onnx", ["attention_metadata"])
     fix_contract_io(tmp / graph_name, ["attention_metadata", "q_row_map"],
@@ -139,14 +137,14 @@ def shared_window(cfg) -> int | None:
     return windows.pop() if len(windows) == 1 and None not in windows else None
 
 
-def _export(module, args, path: Path, inputs, outputs, dynamic_axes, opset: int) -> None:
+def _export(module, args, path: Path, inputs, outputs, dynamic_axes) -> None:
     import warnings
 
     module.eval()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(module, args, str(path), input_names=inputs, output_names=outputs,
-                          dynamic_axes=dynamic_axes, opset_version=opset, dynamo=False,
+                          dynamic_axes=dynamic_axes, opset_version=18, dynamo=False,
                           do_constant_folding=False)  # folding would rewrite shared weights (transposes)
 
 
@@ -174,10 +172,9 @@ def weights_to_bf16(path: Path, threshold: int = 1024) -> None:
     onnx.save_model(model, str(path))
 
 
-def share_initializers(folder: Path, names: list[str], threshold: int = 1024) -> dict[str, list[str]]:
+def share_initializers(folder: Path, names: list[str], threshold: int = 1024) -> None:
     """Store initializers that appear (byte-identical) in several graphs once, in shared_weights.bin,
     as external data both graphs point to; each graph's other large initializers go to GRAPH.data.
-    Returns, per graph, the names of its shared tensors.
 
     The file is shared, not the memory: og.Engine 0.18 on the CPU provider fails to load a model
     whose drafter lists `shared_initializers` ("GetMemoryInfo for CPU should not be used."), so the
@@ -191,7 +188,6 @@ def share_initializers(folder: Path, names: list[str], threshold: int = 1024) ->
         for init in m.graph.initializer:
             if len(init.raw_data) >= threshold:
                 owners.setdefault(hashlib.sha256(init.raw_data).hexdigest(), []).append((n, init))
-    shared: dict[str, list[str]] = {n: [] for n in names}
     offset = 0
     with open(folder / "shared_weights.bin", "wb") as out:
         for digest, uses in owners.items():
@@ -203,7 +199,6 @@ def share_initializers(folder: Path, names: list[str], threshold: int = 1024) ->
                 set_external_data(init, "shared_weights.bin", offset, len(data))
                 init.ClearField("raw_data")
                 init.data_location = onnx.TensorProto.EXTERNAL
-                shared[n].append(init.name)
             offset += len(data)
     for n, m in models.items():
         own, own_offset = folder / f"{n}.data", 0
@@ -216,7 +211,6 @@ def share_initializers(folder: Path, names: list[str], threshold: int = 1024) ->
                     init.ClearField("raw_data")
                     init.data_location = onnx.TensorProto.EXTERNAL
         onnx.save_model(m, str(folder / n))
-    return {n: sorted(entries) for n, entries in shared.items()}
 
 
 def fix_contract_io(path: Path, unused_inputs: list[str], output_dims: dict[str, list] | None = None) -> None:
