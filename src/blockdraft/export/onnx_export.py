@@ -29,14 +29,13 @@ import torch
 from ..errors import ConfigError
 from ..loading import load_drafter, load_target
 from .graphs import DrafterGraph, TargetGraph
-from .runtime import drafter_rows, packed_metadata
+from .runtime import META, _names, drafter_rows, packed_metadata
 
 LATTICE_KINDS = ("dspark", "dflash2")
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
-
-def cache_names(prefix: str, n: int) -> list[str]:
-    return [f"{prefix}.{i}.{kv}" for i in range(n) for kv in ("key", "value")]
+CACHE_IN = {"past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"}
+CACHE_OUT = {"present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}
 
 
 def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | Path, dtype: str = "fp32",
@@ -87,7 +86,7 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
                 "block_table": {0: "batch", 1: "max_blocks"}}
 
     def pools(layers, heads, dim):
-        names_in, names_out = cache_names("past_key_values", layers), cache_names("present", layers)
+        names_in, names_out = _names(CACHE_IN, "past", layers), _names(CACHE_OUT, "present", layers)
         tensors = [torch.zeros(4, page_size, heads, dim) for _ in names_in]
         axes = {n: {0: "num_blocks"} for n in names_in + names_out}
         return names_in, names_out, tensors, axes
@@ -241,15 +240,12 @@ def genai_config(target, drafter, top_k: int, window: int | None, page_size: int
                  max_batch_size: int, kv_tokens: int) -> dict:
     """genai_config.json in ONNX Runtime GenAI 0.18's schema: only keys its parser accepts."""
     t, d = target.config, drafter.config
-    meta = {n: n for n in ("cumulative_sequence_lengths", "past_sequence_lengths", "block_table",
-                           "attention_metadata")}
-    cache_in = {"past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"}
-    cache_out = {"present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}
+    meta = {n: n for n in META}
     decoder = {
         "filename": "model.onnx", "hidden_size": t.hidden_size, "num_attention_heads": t.num_heads,
         "num_hidden_layers": t.num_layers, "num_key_value_heads": t.num_kv_heads, "head_size": t.head_dim,
-        "inputs": {"input_ids": "input_ids", **meta, **cache_in},
-        "outputs": {"logits": "logits", "aux_hidden_states": "aux_hidden_states", **cache_out},
+        "inputs": {"input_ids": "input_ids", **meta, **CACHE_IN},
+        "outputs": {"logits": "logits", "aux_hidden_states": "aux_hidden_states", **CACHE_OUT},
     }
     graph = f"{d.kind}.onnx"
     section = {
@@ -258,8 +254,8 @@ def genai_config(target, drafter, top_k: int, window: int | None, page_size: int
         "selector_top_k": top_k, "mask_token_id": d.mask_token_id, "sliding_window": window or -1,
         "main_aux_hidden_states": "aux_hidden_states", "aux_hidden_state_layers": list(d.taps.layers),
         "inputs": {"aux_hidden_states": "aux_hidden_states", "input_ids": "input_ids", "q_row_map": "q_row_map",
-                   "qkv_row_map": "qkv_row_map", "block_row_index": "block_row_index", **meta, **cache_in},
-        "outputs": {"candidate_ids": "draft_candidate_ids", "scores": "draft_scores", **cache_out},
+                   "qkv_row_map": "qkv_row_map", "block_row_index": "block_row_index", **meta, **CACHE_IN},
+        "outputs": {"candidate_ids": "draft_candidate_ids", "scores": "draft_scores", **CACHE_OUT},
     }
     eos = list(t.eos_token_ids)
     return {"model": {"type": t.architecture, "vocab_size": t.vocab_size, "context_length": t.max_position_embeddings,
