@@ -148,14 +148,12 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "bfloa
     reader = GGUFReader(str(gguf_path))
     config = gguf_config(reader)
     config["torch_dtype"] = dtype
-    bar = None
-    if show_progress:
-        from tqdm import tqdm
+    from tqdm import tqdm
 
-        bar = tqdm(total=len(reader.tensors), desc=f"converting {gguf_path.name}", unit="tensor")
-    tensors = gguf_tensors(reader, config, torch_dtype, bar.update if bar else None)
-    if bar:
-        bar.close()
+    bar = tqdm(total=len(reader.tensors), desc=f"converting {gguf_path.name}", unit="tensor",
+               disable=not show_progress)
+    tensors = gguf_tensors(reader, config, torch_dtype, bar.update)
+    bar.close()
     tokenizer, tok_config = gguf_tokenizer(reader)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
