@@ -96,7 +96,7 @@ def refuse_embedded_drafter(drafter_dir: Path, target_dir: Path | None) -> None:
 
 
 def load_drafter(drafter_dir: str | Path, target: TargetModel, mode: str | None = None,
-                 dtype: str | torch.dtype | None = None, block_size: int | None = None) -> BlockDrafter:
+                 block_size: int | None = None) -> BlockDrafter:
     """A z-lab DFlash / DFlash2 or DeepSeek DSpark directory -> BlockDrafter bound to `target`.
 
     `block_size` overrides the trained block length (as `dflash_generate(block_size=...)` does).
@@ -117,7 +117,7 @@ def load_drafter(drafter_dir: str | Path, target: TargetModel, mode: str | None 
     check_drafter_fits(cfg, target.config, shapes)
     with torch.device("meta"):
         drafter = BlockDrafter(cfg, target)
-    assign_weights(drafter, tensors, torch_dtype(dtype) if dtype else target.dtype, f"drafter {drafter_dir}")
+    assign_weights(drafter, tensors, target.dtype, f"drafter {drafter_dir}")
     drafter.to(target.device)                        # the drafter lives where its target does
     quantize_drafter(drafter, getattr(target, "quantization", "none"))   # ... and in its numerics
     drafter.check_vocab_map(f"drafter {drafter_dir}")

@@ -90,8 +90,7 @@ class HFBaseline:
         return out[0, len(prompt):].tolist()
 
 
-def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig, progress: bool = True,
-              tp=None) -> dict:
+def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig, tp=None) -> dict:
     """`tp`: a TPGroup when this is one rank of a tensor-parallel run (models are sharded; rank 0
     alone runs the HF baseline and shows progress)."""
     target = load_target(target_dir, cfg.dtype, cfg.quantization, cfg.device)
@@ -100,7 +99,6 @@ def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig,
         from ..parallel.shard import shard_models
 
         shard_models(target, drafters.values(), tp)
-        progress = progress and tp.rank == 0
     tok = Tokenizer(target_dir)
     eos = sorted(set(target.config.eos_token_ids) | ({tok.eos_token_id} if tok.eos_token_id is not None else set()))
     on_rank0 = tp is None or tp.rank == 0
@@ -120,12 +118,11 @@ def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig,
     adaptive = cfg.adaptive and (tp is None or tp.world == 1)      # timings differ between ranks
     engines = {m: sized_engine(target, drafters.get(m), max(cfg.batch_sizes), longest, frozenset(eos), adaptive)
                for m in modes if m != "hf"}
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    from tqdm import tqdm
 
-        groups = sum(-(-len(ps) // b) for ps in prompts.values() for b in cfg.batch_sizes)
-        bar = tqdm(total=cfg.repeats * len(cfg.temperatures) * groups * len(modes), desc="bench", unit="run")
+    groups = sum(-(-len(ps) // b) for ps in prompts.values() for b in cfg.batch_sizes)
+    bar = tqdm(total=cfg.repeats * len(cfg.temperatures) * groups * len(modes), desc="bench", unit="run",
+               disable=not on_rank0)
     results: dict = {}
     for batch in cfg.batch_sizes:
         for set_name, set_prompts in prompts.items():
@@ -156,8 +153,7 @@ def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig,
                                     stats[mode].acceptance_lengths += lengths
                                     stats[mode].tokens += len(tokens)
                                     stats[mode].greedy_matches_ar += int(temp == 0 and tokens == ref)
-                            if bar:
-                                bar.update(1)
+                            bar.update(1)
                     tps = {m: counts[m] / seconds[m] if seconds[m] else 0.0 for m in run_modes}
                     for m in run_modes:
                         stats[m].tokens_per_s.append(tps[m])
@@ -166,8 +162,7 @@ def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig,
                 results.setdefault(set_name, {})[key] = {
                     m: stats[m].summary(drafters[m].config.num_draft_tokens + 1 if m in drafters else None)
                     for m in run_modes}
-    if bar:
-        bar.close()
+    bar.close()
     return {"config": asdict(cfg), "target": str(target_dir), "drafters": {k: str(v) for k, v in drafter_dirs.items()},
             "torch_threads": torch.get_num_threads(), "tp": 1 if tp is None else tp.world, "results": results}
 

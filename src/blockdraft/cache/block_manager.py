@@ -54,21 +54,23 @@ class BlockManager:
             del self.free[block]
         self.ref[block] += 1
 
-    @staticmethod
-    def chain_hash(parent: int, ids: tuple[int, ...]) -> int:
-        return hash((parent, ids))
+    def _chain(self, tokens: list[int], n: int):
+        """(index, hash chained over the blocks so far, token ids) of the first `n` full blocks of `tokens`."""
+        parent = 0
+        for i in range(n):
+            ids = tuple(tokens[i * self.page_size:(i + 1) * self.page_size])
+            parent = hash((parent, ids))
+            yield i, parent, ids
 
     def match_prefix(self, tokens: list[int]) -> list[int]:
         """Cached blocks covering a prefix of `tokens` (full blocks only, verified against stored ids)."""
         if not self.prefix_caching:
             return []
-        blocks, parent = [], 0
-        for i in range(len(tokens) // self.page_size):
-            ids = tuple(tokens[i * self.page_size:(i + 1) * self.page_size])
-            parent = self.chain_hash(parent, ids)
+        blocks = []
+        for _, key, ids in self._chain(tokens, len(tokens) // self.page_size):
             self.queries += 1
-            block = self.by_hash.get(parent)
-            if block is None or self.block_key[block] != (parent, ids):
+            block = self.by_hash.get(key)
+            if block is None or self.block_key[block] != (key, ids):
                 break
             blocks.append(block)
         return blocks
@@ -90,14 +92,11 @@ class BlockManager:
         """Make the full blocks among the first `committed` tokens available for prefix hits."""
         if not self.prefix_caching:
             return
-        parent = 0
-        for i in range(committed // self.page_size):
-            ids = tuple(tokens[i * self.page_size:(i + 1) * self.page_size])
-            parent = self.chain_hash(parent, ids)
+        for i, key, ids in self._chain(tokens, committed // self.page_size):
             block = table[i]
-            if self.block_key[block] is None and parent not in self.by_hash:
-                self.block_key[block] = (parent, ids)
-                self.by_hash[parent] = block
+            if self.block_key[block] is None and key not in self.by_hash:
+                self.block_key[block] = (key, ids)
+                self.by_hash[key] = block
 
     def release(self, table: list[int]) -> None:
         """Drop a sequence's references; unreferenced blocks return to the free pool (still hit-able)."""

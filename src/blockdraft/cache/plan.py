@@ -58,10 +58,6 @@ class CachePlan:
     ring_rows_per_batch_row: int       # sliding-window drafters only
     total_bytes: int
 
-    @property
-    def capacity_tokens(self) -> int:
-        return self.num_blocks * self.page_size
-
 
 def _check_size(name: str, value: int, allow_zero: bool = False) -> None:
     if not isinstance(value, int) or isinstance(value, bool):

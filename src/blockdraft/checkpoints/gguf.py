@@ -39,8 +39,7 @@ def _field(reader, key: str, default=None):
     field = reader.fields.get(key)
     if field is None:
         return default
-    value = field.contents()
-    return value
+    return field.contents()
 
 
 def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -70,11 +69,10 @@ def gguf_config(reader) -> dict:
         "tie_word_embeddings": not has_output, "hidden_act": "silu", "attention_bias": False,
         "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
-        "torch_dtype": "bfloat16",
     }
 
 
-def gguf_tensors(reader, config: dict, dtype: torch.dtype, progress=None) -> dict[str, torch.Tensor]:
+def gguf_tensors(reader, config: dict, dtype: torch.dtype, progress) -> dict[str, torch.Tensor]:
     from gguf import dequantize
 
     out = {}
@@ -92,8 +90,7 @@ def gguf_tensors(reader, config: dict, dtype: torch.dtype, progress=None) -> dic
         elif name.endswith("k_proj.weight"):
             w = unpermute(w, config["num_key_value_heads"])
         out[name] = torch.from_numpy(np.ascontiguousarray(w)).to(dtype)
-        if progress is not None:
-            progress(1)
+        progress(1)
     return out
 
 
@@ -148,14 +145,12 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "bfloa
     reader = GGUFReader(str(gguf_path))
     config = gguf_config(reader)
     config["torch_dtype"] = dtype
-    bar = None
-    if show_progress:
-        from tqdm import tqdm
+    from tqdm import tqdm
 
-        bar = tqdm(total=len(reader.tensors), desc=f"converting {gguf_path.name}", unit="tensor")
-    tensors = gguf_tensors(reader, config, torch_dtype, bar.update if bar else None)
-    if bar:
-        bar.close()
+    bar = tqdm(total=len(reader.tensors), desc=f"converting {gguf_path.name}", unit="tensor",
+               disable=not show_progress)
+    tensors = gguf_tensors(reader, config, torch_dtype, bar.update)
+    bar.close()
     tokenizer, tok_config = gguf_tokenizer(reader)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})

@@ -1,6 +1,6 @@
 """Admission: the one place a request's prompt and budget are checked, before any work starts.
 
-Every surface (engine, `generate`, the ONNX backend, the single-sequence oracle) calls these;
+Every surface (engine, `generate`, the ONNX backend, the single-sequence oracle) calls it;
 each error names the field and the values.
 """
 
@@ -11,18 +11,13 @@ from ..sampling.params import SamplingParams
 
 
 def check_request(target, prompt_ids: list[int], params: SamplingParams, max_model_len: int | None = None) -> None:
-    """`check_prompt` against the target (and the engine's `max_model_len`, when it is shorter)."""
-    limit = target.config.max_position_embeddings
-    if max_model_len is not None and max_model_len < limit:
-        check_prompt(prompt_ids, params, target.config.vocab_size, max_model_len, "max_model_len")
-    else:
-        check_prompt(prompt_ids, params, target.config.vocab_size, limit)
-
-
-def check_prompt(prompt_ids: list[int], params: SamplingParams, vocab_size: int, context_length: int,
-                 limit_name: str = "max_position_embeddings") -> None:
-    """Refuse an empty prompt, ids outside the vocabulary, or prompt + max_tokens past the context
-    (`field`: prompt, or max_tokens when the prompt alone fits)."""
+    """Refuse an empty prompt, ids outside the vocabulary, or prompt + max_tokens past the context:
+    the target's, or the engine's `max_model_len` when it is shorter (`field`: prompt, or max_tokens
+    when the prompt alone fits)."""
+    vocab_size, context_length = target.config.vocab_size, target.config.max_position_embeddings
+    limit_name = "max_position_embeddings"
+    if max_model_len is not None and max_model_len < context_length:
+        context_length, limit_name = max_model_len, "max_model_len"
     if not prompt_ids:
         raise RequestError("prompt is empty: at least one token is needed", "prompt")
     bad = [t for t in prompt_ids if not 0 <= t < vocab_size]

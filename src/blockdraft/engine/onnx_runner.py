@@ -146,13 +146,12 @@ class OnnxRunner(ModelRunner):
 
 
 def onnx_engine(folder, max_batch: int = 1, eos_ids: frozenset[int] = frozenset(), decode=None,
-                adaptive_speculation: bool = True, num_speculative_tokens: int | None = None,
-                threads: int | None = None, pool_fill: float = 0.0):
+                adaptive_speculation: bool = True, num_speculative_tokens: int | None = None, pool_fill: float = 0.0):
     """An `LLMEngine` whose runner runs the export in `folder` with onnxruntime."""
     from ..export.runtime import OnnxModels
     from .engine import EngineConfig, LLMEngine, default_cache_budget
 
-    models = OnnxModels(folder, threads)
+    models = OnnxModels(folder)
     target, drafter = graph_models(models)
     max_len = models.context_length
     config = EngineConfig(max_batch=max_batch, prefix_caching=False, adaptive_speculation=adaptive_speculation,

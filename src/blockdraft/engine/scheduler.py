@@ -136,8 +136,6 @@ class Scheduler:
                 break
             self.waiting.popleft()
             seq.num_computed = seq.num_drafter_ctx = len(hits) * self.blocks.page_size
-            if not seq.generated:
-                seq.num_cached_tokens = seq.num_computed
             seq.status = Status.PREFILL
             if self.ring is not None:
                 seq.ring_row = self.ring.acquire()
@@ -155,7 +153,6 @@ class Scheduler:
         seq.num_computed = seq.num_drafter_ctx = 0
         seq.pending_taps.clear()
         seq.status = Status.WAITING
-        seq.num_preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(seq)
 

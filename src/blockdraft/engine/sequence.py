@@ -43,8 +43,6 @@ class Sequence:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
-    num_preemptions: int = 0
-    num_cached_tokens: int = 0               # prompt tokens served by the prefix cache
     unread: int = 0                          # tokens committed in the current step
 
     def __post_init__(self):

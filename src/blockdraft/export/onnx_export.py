@@ -29,20 +29,17 @@ import torch
 from ..errors import ConfigError
 from ..loading import load_drafter, load_target
 from .graphs import DrafterGraph, TargetGraph
-from .runtime import drafter_rows, packed_metadata
+from .runtime import META, _names, drafter_rows, packed_metadata
 
 LATTICE_KINDS = ("dspark", "dflash2")
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
-ONNX_DTYPE = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
-
-def cache_names(prefix: str, n: int) -> list[str]:
-    return [f"{prefix}.{i}.{kv}" for i in range(n) for kv in ("key", "value")]
+CACHE_IN = {"past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"}
+CACHE_OUT = {"present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}
 
 
 def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | Path, dtype: str = "fp32",
-                top_k: int | None = None, opset: int = 18, page_size: int = 32, max_batch_size: int = 8,
-                kv_tokens: int = 16384) -> Path:
+                top_k: int | None = None, page_size: int = 32, max_batch_size: int = 8, kv_tokens: int = 16384) -> Path:
     """Write OUT_DIR (see the module docstring). `page_size` is the KV page (engine.dynamic_batching.
     block_size; static in the drafter graph), `max_batch_size` and `kv_tokens` size og.Engine's pools."""
     if dtype not in DTYPES:
@@ -89,7 +86,7 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
                 "block_table": {0: "batch", 1: "max_blocks"}}
 
     def pools(layers, heads, dim):
-        names_in, names_out = cache_names("past_key_values", layers), cache_names("present", layers)
+        names_in, names_out = _names(CACHE_IN, "past", layers), _names(CACHE_OUT, "present", layers)
         tensors = [torch.zeros(4, page_size, heads, dim) for _ in names_in]
         axes = {n: {0: "num_blocks"} for n in names_in + names_out}
         return names_in, names_out, tensors, axes
@@ -98,7 +95,7 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
     _export(TargetGraph(target, cfg.taps), (torch.tensor([1, 2, 3, 4, 5]), *meta.values(), *t_pools),
             tmp / "model.onnx", ["input_ids", *meta, *t_in], ["logits", "aux_hidden_states", *t_out],
             {"input_ids": {0: "num_tokens"}, **seq_axes, **t_axes, "logits": {0: "num_tokens"},
-             "aux_hidden_states": {0: "num_tokens"}}, opset)
+             "aux_hidden_states": {0: "num_tokens"}})
     feat = len(cfg.taps.layers) * t.hidden_size
     d_in, d_out, d_pools, d_axes = pools(d.num_layers, d.num_kv_heads, d.head_dim)
     b = d.block_size
@@ -114,7 +111,7 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
                                *meta, *d_in], ["draft_candidate_ids", "draft_scores", *d_out],
             {"aux_hidden_states": {0: "num_ctx"}, "input_ids": {0: "num_block"}, "q_row_map": {0: "num_tokens"},
              "qkv_row_map": {0: "num_tokens"}, "block_row_index": {0: "num_block"}, **seq_axes, **d_axes,
-             "draft_candidate_ids": {0: "batch"}, "draft_scores": {0: "batch"}}, opset)
+             "draft_candidate_ids": {0: "batch"}, "draft_scores": {0: "batch"}})
     n = d.num_draft_tokens
     fix_contract_io(tmp / "model.onnx", ["attention_metadata"])
     fix_contract_io(tmp / graph_name, ["attention_metadata", "q_row_map"],
@@ -139,14 +136,14 @@ def shared_window(cfg) -> int | None:
     return windows.pop() if len(windows) == 1 and None not in windows else None
 
 
-def _export(module, args, path: Path, inputs, outputs, dynamic_axes, opset: int) -> None:
+def _export(module, args, path: Path, inputs, outputs, dynamic_axes) -> None:
     import warnings
 
     module.eval()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(module, args, str(path), input_names=inputs, output_names=outputs,
-                          dynamic_axes=dynamic_axes, opset_version=opset, dynamo=False,
+                          dynamic_axes=dynamic_axes, opset_version=18, dynamo=False,
                           do_constant_folding=False)  # folding would rewrite shared weights (transposes)
 
 
@@ -174,10 +171,9 @@ def weights_to_bf16(path: Path, threshold: int = 1024) -> None:
     onnx.save_model(model, str(path))
 
 
-def share_initializers(folder: Path, names: list[str], threshold: int = 1024) -> dict[str, list[str]]:
+def share_initializers(folder: Path, names: list[str], threshold: int = 1024) -> None:
     """Store initializers that appear (byte-identical) in several graphs once, in shared_weights.bin,
     as external data both graphs point to; each graph's other large initializers go to GRAPH.data.
-    Returns, per graph, the names of its shared tensors.
 
     The file is shared, not the memory: og.Engine 0.18 on the CPU provider fails to load a model
     whose drafter lists `shared_initializers` ("GetMemoryInfo for CPU should not be used."), so the
@@ -191,7 +187,6 @@ def share_initializers(folder: Path, names: list[str], threshold: int = 1024) ->
         for init in m.graph.initializer:
             if len(init.raw_data) >= threshold:
                 owners.setdefault(hashlib.sha256(init.raw_data).hexdigest(), []).append((n, init))
-    shared: dict[str, list[str]] = {n: [] for n in names}
     offset = 0
     with open(folder / "shared_weights.bin", "wb") as out:
         for digest, uses in owners.items():
@@ -203,7 +198,6 @@ def share_initializers(folder: Path, names: list[str], threshold: int = 1024) ->
                 set_external_data(init, "shared_weights.bin", offset, len(data))
                 init.ClearField("raw_data")
                 init.data_location = onnx.TensorProto.EXTERNAL
-                shared[n].append(init.name)
             offset += len(data)
     for n, m in models.items():
         own, own_offset = folder / f"{n}.data", 0
@@ -216,7 +210,6 @@ def share_initializers(folder: Path, names: list[str], threshold: int = 1024) ->
                     init.ClearField("raw_data")
                     init.data_location = onnx.TensorProto.EXTERNAL
         onnx.save_model(m, str(folder / n))
-    return {n: sorted(entries) for n, entries in shared.items()}
 
 
 def fix_contract_io(path: Path, unused_inputs: list[str], output_dims: dict[str, list] | None = None) -> None:
@@ -247,15 +240,12 @@ def genai_config(target, drafter, top_k: int, window: int | None, page_size: int
                  max_batch_size: int, kv_tokens: int) -> dict:
     """genai_config.json in ONNX Runtime GenAI 0.18's schema: only keys its parser accepts."""
     t, d = target.config, drafter.config
-    meta = {n: n for n in ("cumulative_sequence_lengths", "past_sequence_lengths", "block_table",
-                           "attention_metadata")}
-    cache_in = {"past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"}
-    cache_out = {"present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}
+    meta = {n: n for n in META}
     decoder = {
         "filename": "model.onnx", "hidden_size": t.hidden_size, "num_attention_heads": t.num_heads,
         "num_hidden_layers": t.num_layers, "num_key_value_heads": t.num_kv_heads, "head_size": t.head_dim,
-        "inputs": {"input_ids": "input_ids", **meta, **cache_in},
-        "outputs": {"logits": "logits", "aux_hidden_states": "aux_hidden_states", **cache_out},
+        "inputs": {"input_ids": "input_ids", **meta, **CACHE_IN},
+        "outputs": {"logits": "logits", "aux_hidden_states": "aux_hidden_states", **CACHE_OUT},
     }
     graph = f"{d.kind}.onnx"
     section = {
@@ -264,8 +254,8 @@ def genai_config(target, drafter, top_k: int, window: int | None, page_size: int
         "selector_top_k": top_k, "mask_token_id": d.mask_token_id, "sliding_window": window or -1,
         "main_aux_hidden_states": "aux_hidden_states", "aux_hidden_state_layers": list(d.taps.layers),
         "inputs": {"aux_hidden_states": "aux_hidden_states", "input_ids": "input_ids", "q_row_map": "q_row_map",
-                   "qkv_row_map": "qkv_row_map", "block_row_index": "block_row_index", **meta, **cache_in},
-        "outputs": {"candidate_ids": "draft_candidate_ids", "scores": "draft_scores", **cache_out},
+                   "qkv_row_map": "qkv_row_map", "block_row_index": "block_row_index", **meta, **CACHE_IN},
+        "outputs": {"candidate_ids": "draft_candidate_ids", "scores": "draft_scores", **CACHE_OUT},
     }
     eos = list(t.eos_token_ids)
     return {"model": {"type": t.architecture, "vocab_size": t.vocab_size, "context_length": t.max_position_embeddings,

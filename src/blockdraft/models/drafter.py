@@ -299,8 +299,7 @@ class BlockDrafter(nn.Module):
         return self.block_hidden_of(ids, cache.context() if isinstance(cache, KVCache) else cache, block_valid)
 
     def block_hidden_of(self, ids: torch.Tensor, ctx, block_valid: torch.Tensor | None = None) -> torch.Tensor:
-        """Final hidden [b, rows, D] of block token ids [b, rows] over a `ContextRead` (whose `valid`
-        entries may be None: every context row is real, as in an exported graph)."""
+        """Final hidden [b, rows, D] of block token ids [b, rows] over a `ContextRead`."""
         x = self.embed(ids).to(self.dtype)
         q_pos = ctx.start[:, None] + torch.arange(ids.shape[1], device=ids.device)            # [b, rows]
         bv = torch.ones_like(q_pos, dtype=torch.bool) if block_valid is None else block_valid
@@ -308,9 +307,8 @@ class BlockDrafter(nn.Module):
         for i, layer in enumerate(self.layers):
             k_pos = torch.cat([ctx.positions[i], q_pos], dim=1)
             valid = ctx.valid[i]
-            all_valid = block_valid is None and (valid is None or bool(valid.all()))
-            k_valid = None if all_valid else torch.cat([valid if valid is not None else
-                                                        torch.ones_like(ctx.positions[i], dtype=torch.bool), bv], dim=1)
+            all_valid = block_valid is None and bool(valid.all())
+            k_valid = None if all_valid else torch.cat([valid, bv], dim=1)
             visible = layer.visibility(q_pos, k_pos, k_valid)
             x = layer(x, lambda attn, h: attn(h, cos, sin, ctx.keys[i], ctx.values[i], visible))
         return self.norm(x)

@@ -69,7 +69,4 @@ def follow(engine: LLMEngine) -> None:
                 engine.add_request(prompt, params, rid)
             else:
                 engine.abort(command[1])
-                engine.seqs.pop(command[1], None)
         engine.step()
-        for rid in [r for r, s in engine.seqs.items() if s.is_finished]:
-            engine.seqs.pop(rid)

@@ -15,11 +15,9 @@ import dataclasses
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from ..config import DrafterConfig, TargetConfig
 from ..errors import ConfigError
-from ..layers.linear import fp32_weight
 from ..models.drafter import BlockDrafter, MarkovHead
 from ..models.target import TargetModel
 from .layers import (ColumnParallelLinear, RowParallelLinear, ShardedVocab, TPGroup, VocabParallelEmbedding,
@@ -42,21 +40,18 @@ def check_tp(tp: int, target: TargetConfig | None, drafter: DrafterConfig | None
                 raise ConfigError(f"--tp {tp}: {who} {name}={value} is not divisible by the TP size {tp}")
 
 
-class ShardedMarkovHead(nn.Module):
-    """DSpark Markov head with W2 split by vocabulary: forward gives this rank's bias shard."""
+class ShardedMarkovHead(MarkovHead):
+    """DSpark Markov head with W2 split by vocabulary: forward (MarkovHead's) gives this rank's bias shard
+    [.., V/tp]."""
 
     def __init__(self, full: MarkovHead, tp: TPGroup):
-        super().__init__()
+        nn.Module.__init__(self)             # not MarkovHead.__init__: it would build full-size weights
         self.lo, self.hi = tp.split(full.markov_w2.weight.shape[0])
         self.vocab = ShardedVocab(tp, self.lo, self.hi)
         self.markov_w1 = full.markov_w1                                               # replicated [V, r]
         self.markov_w2 = nn.Linear(full.markov_w2.in_features, self.hi - self.lo, bias=False)
         self.markov_w2.weight = nn.Parameter(full.markov_w2.weight.detach()[self.lo:self.hi].clone(),
                                              requires_grad=False)
-
-    def forward(self, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        embed = self.markov_w1(prev)
-        return F.linear(embed.float(), fp32_weight(self.markov_w2.weight)), embed          # [.., V/tp] local shard
 
 
 def _shard_attention(attn: nn.Module, tp: TPGroup) -> None:

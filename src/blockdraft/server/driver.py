@@ -28,7 +28,6 @@ class AsyncEngine:
         self.streams: dict[str, Stream] = {}
         self.wakeup = asyncio.Event()
         self.task: asyncio.Task | None = None
-        self.last_error: BaseException | None = None    # the most recent failed step (its requests got a 500)
 
     async def _call(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.worker, fn, *args)
@@ -52,11 +51,7 @@ class AsyncEngine:
 
     async def abort(self, request_id: str) -> None:
         if self.streams.pop(request_id, None) is not None:
-            await self._call(self._abort_and_forget, request_id)
-
-    def _abort_and_forget(self, request_id: str) -> None:
-        self.engine.abort(request_id)
-        self.engine.seqs.pop(request_id, None)
+            await self._call(self.engine.abort, request_id)
 
     async def _loop(self) -> None:
         while True:
@@ -66,7 +61,6 @@ class AsyncEngine:
             try:
                 outputs = await self._call(self.engine.step)
             except Exception as e:  # a failed step: end the requests it held with an error, keep serving
-                self.last_error = e
                 await self._call(self.engine.abort_all, "error")
                 for stream in list(self.streams.values()):
                     stream.queue.put_nowait(e)
@@ -82,4 +76,3 @@ class AsyncEngine:
         stream.queue.put_nowait(out)
         if out.finished:
             self.streams.pop(out.request_id, None)
-            self.worker.submit(self.engine.seqs.pop, out.request_id, None)

@@ -18,6 +18,7 @@ from torch.nn import functional as F
 
 from ..errors import ConfigError
 from ..models.drafter import BlockDrafter
+from ..spec_decode.propose import draft_slots
 from ..cache.views import ContextRead
 
 
@@ -55,9 +56,8 @@ def blocks_at(drafter: BlockDrafter, taps: torch.Tensor, final: torch.Tensor | N
     """
     cfg = drafter.config
     n = cfg.num_draft_tokens
-    first = 0 if cfg.shift_label else 1
     hidden = drafter.block_hidden(seq[anchors], cfg.block_size, context_read(drafter, taps, anchors))
-    hidden = hidden[:, first:first + n]                                             # [M, n, D]
+    hidden = draft_slots(drafter, hidden, n)                                        # [M, n, D]
     positions = anchors[:, None] + 1 + torch.arange(n)                              # [M, n] predicted positions
     weight = (positions < seq.shape[0]).float()
     positions = positions.clamp(max=seq.shape[0] - 1)

@@ -66,19 +66,15 @@ def teacher_responses(target: TargetModel, prompts: list[list[int]], new_tokens:
     """The target's greedy continuation of each prompt (stopping at `eos_ids`), by the batch engine."""
     engine = sized_engine(target, None, max_batch, max(len(p) for p in prompts) + new_tokens, eos_ids)
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=not eos_ids)
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    from tqdm import tqdm
 
-        bar = tqdm(total=len(prompts), desc="teacher responses", unit="seq")
+    bar = tqdm(total=len(prompts), desc="teacher responses", unit="seq", disable=not progress)
     out = []
     for i in range(0, len(prompts), max_batch):
         chunk = prompts[i:i + max_batch]
         out += [o.token_ids for o in engine.generate(chunk, params)]
-        if bar:
-            bar.update(len(chunk))
-    if bar:
-        bar.close()
+        bar.update(len(chunk))
+    bar.close()
     return out
 
 
@@ -217,11 +213,10 @@ def fit_jointly(drafters: dict[str, BlockDrafter], data: list[TeacherSeq], cfg: 
         head = target.lm_head
     joint = _joint_taps(drafters, target) if target is not None else None
     last_layer = target.config.num_layers - 1 if target is not None else -1
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    from tqdm import tqdm
 
-        bar = tqdm(total=cfg.steps, initial=start, desc=f"training {'+'.join(drafters)}", unit="step")
+    bar = tqdm(total=cfg.steps, initial=start, desc=f"training {'+'.join(drafters)}", unit="step",
+               disable=not progress)
     for drafter in drafters.values():
         drafter.train()
     t_saved = time.perf_counter()
@@ -254,9 +249,8 @@ def fit_jointly(drafters: dict[str, BlockDrafter], data: list[TeacherSeq], cfg: 
             torch.nn.utils.clip_grad_norm_(list(drafter.parameters()), 1.0)
             opt.step()
             history[name].append({"step": step + 1, **totals})
-        if bar:
-            bar.update(1)
-            bar.set_postfix({f"{n}": f"{h[-1].get('loss', 0):.3f}" for n, h in history.items()})
+        bar.update(1)
+        bar.set_postfix({f"{n}": f"{h[-1].get('loss', 0):.3f}" for n, h in history.items()})
         now = time.perf_counter()
         due = (step + 1) % cfg.save_every == 0 or now - t_saved >= cfg.save_every_seconds or step + 1 == cfg.steps
         if state_path is not None and due:
@@ -268,8 +262,7 @@ def fit_jointly(drafters: dict[str, BlockDrafter], data: list[TeacherSeq], cfg: 
                 on_checkpoint(step + 1, drafters)
                 for drafter in drafters.values():
                     drafter.train()
-    if bar:
-        bar.close()
+    bar.close()
     for drafter in drafters.values():
         drafter.eval().requires_grad_(False)
     return history
