@@ -29,10 +29,6 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="auto: bfloat16 (row-invariant, exactly lossless) for the default model, float32 otherwise")
     _quantization_arg(p)
     _device_arg(p)
-    _speculation_args(p)
-
-
-def _speculation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adaptive-speculation", action=argparse.BooleanOptionalAction, default=True,
                    help="greedy requests verify the number of drafts that measures fastest on this machine "
                    "(0 = plain decoding when drafting does not pay); output is the same either way")
@@ -50,6 +46,25 @@ def _quantization_arg(p: argparse.ArgumentParser) -> None:
                    help="weight-only target quantization on the CPU (bf16 activations): a different model from "
                    "the bf16 one, and speculation is lossless against it. auto: int4 for the default model (its "
                    "GGUF's own precision) where blockdraft's CPU kernel builds, else none (see README)")
+
+
+def _llm_kwargs(args: argparse.Namespace, **overrides) -> dict:
+    """The `LLM(...)` arguments `generate` and `serve` take from their shared flags, plus `overrides`."""
+    return {**dict(target=args.target, drafter=args.drafter or "default", mode=args.mode, dtype=args.dtype,
+                   adaptive_speculation=args.adaptive_speculation, num_speculative_tokens=args.num_speculative_tokens,
+                   quantization=args.quantization, device=args.device), **overrides}
+
+
+def _tp_probe(args: argparse.Namespace, kwargs: dict):
+    """Before --tp launches its ranks: the flags it cannot honour refused by name, then the models loaded
+    once here and checked for splitting into --tp ranks. Returns the probe LLM."""
+    from .llm import LLM
+    from .parallel.shard import check_tp
+
+    _tp_on_cpu(args)
+    probe = LLM(**kwargs)
+    check_tp(args.tp, probe.target.config, probe.drafter.config if probe.drafter is not None else None)
+    return probe
 
 
 def _tp_on_cpu(args: argparse.Namespace) -> None:
@@ -364,22 +379,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"serve needs the serve extra ({e.name} is missing): pip install 'blockdraft[serve]'")
     from .llm import LLM
 
-    drafter = args.drafter if args.drafter is not None else "default"
-    kwargs = dict(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, max_batch=args.max_batch,
-                  cache_budget_bytes=args.cache_budget, max_model_len=args.max_model_len,
-                  adaptive_speculation=args.adaptive_speculation, num_speculative_tokens=args.num_speculative_tokens,
-                  quantization=args.quantization, device=args.device)
+    kwargs = _llm_kwargs(args, max_batch=args.max_batch, cache_budget_bytes=args.cache_budget,
+                         max_model_len=args.max_model_len)
     if args.tp != 1:
-        _tp_on_cpu(args)
         import signal
 
         from .parallel.launch import run_tp
-        from .parallel.shard import check_tp
         from .parallel.tasks import ServeJob, serve_task
 
-        probe = LLM(**{**kwargs, "max_batch": 1, "cache_budget_bytes": None})      # validate before launch
-        check_tp(args.tp, probe.target.config, probe.drafter.config if probe.drafter is not None else None)
-        del probe
+        _tp_probe(args, {**kwargs, "max_batch": 1, "cache_budget_bytes": None})      # validate, then drop it
         signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches rank 0, which shuts the group down
         run_tp(args.tp, serve_task, ServeJob(kwargs, args.model_name, args.api_key, args.host, args.port),
                timeout_s=24 * 3600)
@@ -400,11 +408,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return _generate_onnx(args)
     if args.tp != 1:
         return _generate_tp(args)
-    drafter = args.drafter if args.drafter is not None else "default"
-    llm = LLM(target=args.target, drafter=drafter, mode=args.mode, dtype=args.dtype, block_size=args.block_size,
-              confidence_threshold=args.confidence_threshold, adaptive_speculation=args.adaptive_speculation,
-              num_speculative_tokens=args.num_speculative_tokens, quantization=args.quantization,
-              device=args.device, remember_width_costs=True)
+    llm = LLM(**_llm_kwargs(args, block_size=args.block_size, confidence_threshold=args.confidence_threshold),
+              remember_width_costs=True)
     params = _sampling_params(args)
     prompt_ids = llm.encode(args.prompt, args.chat) if args.prompt is not None else args.prompt_ids
     if not args.json and llm.tokenizer is not None:
@@ -432,18 +437,12 @@ def _print_generation(args, out, text: str, drafter: str | None, extra: dict) ->
 def _generate_tp(args: argparse.Namespace) -> int:
     """`generate --tp N`: validate in this process, then N ranks run the engine; rank 0 answers."""
     from .engine.admission import check_request
-    from .llm import LLM
     from .parallel.launch import run_tp
-    from .parallel.shard import check_tp
     from .parallel.tasks import GenerateJob, generate_task
 
-    _tp_on_cpu(args)
-    kwargs = dict(target=args.target, drafter=args.drafter if args.drafter is not None else "default",
-                  mode=args.mode, dtype=args.dtype, block_size=args.block_size,
-                  confidence_threshold=args.confidence_threshold, max_batch=1,
-                  num_speculative_tokens=args.num_speculative_tokens, quantization="none")
-    llm = LLM(**kwargs)                                   # validate before launch
-    check_tp(args.tp, llm.target.config, llm.drafter.config if llm.drafter is not None else None)
+    kwargs = _llm_kwargs(args, block_size=args.block_size, confidence_threshold=args.confidence_threshold,
+                         max_batch=1, quantization="none")
+    llm = _tp_probe(args, kwargs)
     params = _sampling_params(args)
     prompt_ids = llm.encode(args.prompt, args.chat) if args.prompt is not None else args.prompt_ids
     check_request(llm.target, prompt_ids, params)
