@@ -6,9 +6,9 @@ step costs 3.0x a one-row step on it) and keeps each group's scale and zero poin
 kernel multiplies the GGUF block formats — 4-bit Q4_1 (fp16 scale and minimum per 32 weights) and
 8-bit Q8_0 — against activations carried per row at 16 bits in groups of 32 (two signed bytes),
 with integer dot products (AVX512-VNNI, AVX2, or portable C: the same bits), unpacking and
-prefetching each weight tile once for up to 32 rows (2.4x for the 9-row step). Every row runs the
-same operations whatever the row count, so a verify rounds each row as a one-row step does
-(`tests/models/test_quantized.py`).
+prefetching each weight tile once for up to 32 rows (9 rows cost 2.4x one with VNNI). Every row
+runs the same operations whatever the row count, so a verify rounds each row as a one-row step
+does (`tests/models/test_quantized.py`).
 
 The attention (`attend`) computes each query row on its own over the keys it sees (fp32 scores
 and sums in a fixed order, masked keys never read), so its bits do not depend on the other rows
