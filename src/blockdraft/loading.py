@@ -17,7 +17,7 @@ import torch
 from .checkpoints.resolve import canonical_tensor_names, resolve_drafter, resolve_target
 from .checkpoints.weights import assign_weights, load_state_dict, read_json, strip_prefix, tensor_names
 from .config import DrafterConfig, TargetConfig
-from .errors import CheckpointError, ConfigError
+from .errors import ConfigError
 from .layers.linear import plan_linears
 from .layers.quant import check_scheme, quantize_drafter, quantize_target
 from .models.drafter import BlockDrafter

@@ -10,7 +10,6 @@ attention path inference takes, so training sees exactly what the runtime comput
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
