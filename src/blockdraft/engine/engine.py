@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import torch
+
 from ..cache.block_manager import BlockManager
 from ..cache.paged import PagedKVPool
 from ..cache.ring import DrafterRing
@@ -35,6 +37,7 @@ from .policy import DraftWidthPolicy
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .threads import ThreadChoice
 from .telemetry import EngineStats, Rates
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,7 @@ class EngineConfig:
     adaptive_speculation: bool = True      # greedy draft width from measured cost (policy.py); off = full width
     num_speculative_tokens: int | None = None  # cap on drafts per step (default: the drafter's block)
     policy_file: str | None = None         # where the width policy's measurements persist (None: nowhere)
+    adaptive_threads: bool = True          # CPU: torch's thread count or one per step, as measured (threads.py)
 
     def __post_init__(self):
         if self.max_batch < 1:
@@ -116,6 +120,8 @@ class LLMEngine:
         else:
             self.runner = self._torch_runner(target, drafter, full_layers, ring_layers, window)
         self.policy = DraftWidthPolicy(self.lookahead, self.config.adaptive_speculation)
+        self.threads = ThreadChoice(enabled=self.config.adaptive_threads and runner is None
+                                    and target.device.type == "cpu")
         self._load_policy()
         self.stats = EngineStats(blocks_total=n, blocks_free=n)
         self.scheduler = Scheduler(self.blocks, self.config.max_batch, self.lookahead, self.config.prefill_chunk,
@@ -212,7 +218,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
-        touched = self.scheduler.postprocess(batch, self.runner.run(batch))
+        touched = self.scheduler.postprocess(batch, self._run(batch))
         self.stats.steps += 1
         self.stats.busy_s += time.perf_counter() - t0
         if self.stats.steps % 512 == 0:
@@ -223,6 +229,23 @@ class LLMEngine:
             if seq.is_finished:
                 self.seqs.pop(seq.request_id, None)
         return outputs
+
+    def _run(self, batch):
+        """The runner's step at the thread count `self.threads` picks for its decode half (the same bits at
+        any count); the process's own count is restored after."""
+        before = torch.get_num_threads()
+        if before != self.threads.most:                          # the caller changed it: theirs
+            return self.runner.run(batch)
+        key = (DraftWidthPolicy.bucket(len(batch.decode)), batch.width) if batch.decode else None
+        threads = self.threads.pick(key) if key else self.threads.current     # prefill alone: the last choice
+        torch.set_num_threads(threads)
+        try:
+            out = self.runner.run(batch)
+        finally:
+            torch.set_num_threads(before)
+        if key:
+            self.threads.record(key, threads, out.decode_s)
+        return out
 
     def _refresh_gauges(self) -> None:
         s = self.stats

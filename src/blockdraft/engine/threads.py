@@ -1,0 +1,45 @@
+"""How many CPU threads a step runs: the process's thread count, or one, whichever measures faster now.
+
+On an idle 2-core machine a one-row int4 step runs 1.34x faster on two threads; on a shared one, with
+the other core busy, two threads ran 2.1x *slower* than one (each of a step's ~90 parallel regions
+waits at its barrier for a thread that is not scheduled). Which holds changes while a process runs,
+so it is measured online, like the draft width (`policy.py`): per batch bucket and draft width,
+each thread count's decode time (half old, half new), the faster one runs, and it looks at the other
+once `every` steps have passed and the steps since its last look have earned, at `share` of their
+time, what a look is expected to lose (a two-thread step measured up to 6x a one-thread step with the
+other core busy: looks then come every ~250 steps; on an idle machine, one thread at 1.34x, every 32).
+Every kernel gives the same bits at any thread count (tested), so the choice never changes output.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ThreadChoice:
+    def __init__(self, most: int | None = None, every: int = 32, share: float = 0.02, enabled: bool = True):
+        self.most = most or torch.get_num_threads()
+        self.options = [self.most, 1] if enabled and self.most > 1 else [self.most]
+        self.every, self.share = every, share
+        self.cost: dict[tuple, float] = {}       # (bucket, width, threads) -> seconds per decode step
+        self.since: dict[tuple, int] = {}        # (bucket, width) -> decode steps since the last look
+        self.current = self.most                  # the count the last decode step chose as the faster
+
+    def pick(self, key: tuple) -> int:
+        """The thread count for a decode step of this (batch bucket, width)."""
+        if len(self.options) == 1:
+            return self.most
+        n = self.since[key] = self.since.get(key, 0) + 1
+        unmeasured = [t for t in self.options if (*key, t) not in self.cost]
+        if unmeasured:
+            return unmeasured[0]
+        best, other = sorted(self.options, key=lambda t: self.cost[(*key, t)])
+        self.current = best
+        if n >= max(self.every, (self.cost[(*key, other)] / self.cost[(*key, best)] - 1) / self.share):
+            self.since[key] = 0
+            return other
+        return best
+
+    def record(self, key: tuple, threads: int, seconds: float) -> None:
+        old = self.cost.get((*key, threads))
+        self.cost[(*key, threads)] = seconds if old is None else 0.5 * (old + seconds)

@@ -1,0 +1,56 @@
+"""The per-step thread count (engine/threads.py): the faster of the process's count and one, with a
+periodic look at the other; output identical whichever runs."""
+
+import torch
+
+import blockdraft
+from blockdraft.engine.threads import ThreadChoice
+from conftest import ASSETS
+
+
+def test_picks_the_faster_count_and_follows_a_change():
+    choice, key = ThreadChoice(most=2, every=4, share=0.5), (1, 0)
+    assert choice.pick(key) == 2
+    choice.record(key, 2, 1.0)
+    assert choice.pick(key) == 1                     # each count measured once first
+    choice.record(key, 1, 0.5)
+    picks = [choice.pick(key) for _ in range(8)]      # steps 3..10: the faster, and every 4th the other
+    assert picks == [1, 2, 1, 1, 1, 2, 1, 1]
+    for _ in range(3):                                # one thread slows down (the other core got busy)
+        choice.record(key, 1, 4.0)
+    assert choice.pick(key) == 2
+    assert choice.pick((8, 3)) == 2                   # another bucket or width is measured on its own
+    far = ThreadChoice(most=2, every=4, share=0.5)    # the other count measured 5x slower: looks are rarer
+    far.record(key, 2, 5.0)
+    far.record(key, 1, 1.0)
+    picks = [far.pick(key) for _ in range(16)]
+    assert picks.count(2) == 2 and picks.index(2) == 7   # every max(4, (5 - 1) / 0.5) = 8 steps
+
+
+def test_a_single_thread_process_is_left_alone():
+    choice = ThreadChoice(most=1)
+    assert [choice.pick((1, 0)) for _ in range(5)] == [1] * 5
+    assert ThreadChoice(most=4, enabled=False).pick((1, 0)) == 4
+
+
+def test_output_is_the_same_whichever_count_runs():
+    """Greedy and seeded requests give the same tokens with the choice on (both counts run) and on
+    one thread; the process's thread count is what it was after each step."""
+    prompts = [[3, 17, 42, 5, 9], [8, 1, 77, 23]]
+    params = [blockdraft.SamplingParams(max_tokens=24, ignore_eos=True),
+              blockdraft.SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.8, seed=7)]
+    before = torch.get_num_threads()
+    outs = {}
+    try:
+        for threads in (2, 1):
+            torch.set_num_threads(threads)
+            llm = blockdraft.LLM(target=str(ASSETS / "target-qwen3"), drafter=str(ASSETS / "dspark"), max_batch=2)
+            llm.engine.threads.every = 2
+            outs[threads] = [o.token_ids for p in params for o in llm.generate(prompt_token_ids=prompts,
+                                                                               sampling_params=p)]
+            assert torch.get_num_threads() == threads
+            if threads == 2:
+                assert {t for (*_, t) in llm.engine.threads.cost} == {1, 2}
+    finally:
+        torch.set_num_threads(before)
+    assert outs[2] == outs[1]
