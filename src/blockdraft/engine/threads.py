@@ -1,7 +1,7 @@
 """How many CPU threads a step runs: the process's thread count, or one, whichever measures faster now.
 
 On an idle 2-core machine a one-row int4 step runs 1.34x faster on two threads; on a shared one, with
-the other core busy, two threads ran 2.1x *slower* than one (each of a step's ~90 parallel regions
+the other core busy, two threads ran 2.1-2.5x *slower* than one (each of a step's ~90 parallel regions
 waits at its barrier for a thread that is not scheduled). Which holds changes while a process runs,
 so it is measured online, like the draft width (`policy.py`): per batch bucket and draft width,
 each thread count's decode time (half old, half new), the faster one runs, and it looks at the other

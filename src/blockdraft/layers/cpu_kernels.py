@@ -16,8 +16,10 @@ or on masked keys either; it replaces the float64 form of `layers/attention.py` 
 CPU (39 vs 89 us for a one-row SmolLM2 layer at 300 keys).
 
 A quantized target layer runs as three calls (`decoder_layer`: RMSNorm, q/k/v, Qwen3's q/k norms,
-the rotation; attention, o_proj + residual, RMSNorm, gate/up; down + residual), with the bits of its PyTorch spelling over the same kernels (tested): a one-row int4
-SmolLM2 step went from 20.5 to 16.0 ms on a 2-core AVX2 EPYC, the ~15 dispatches' overhead.
+the rotation; attention, o_proj + residual, RMSNorm, gate/up; down + residual), with the bits of its
+PyTorch spelling over the same kernels (tested): it took a one-row int4 SmolLM2 step from 20.5 to
+16.0 ms on a 2-core AVX2 EPYC (the ~15 dispatches' overhead; 14.2 ms with the weights gathered once
+and the attention below).
 On AVX2, 4-bit products are summed in 16 bits over 32 inputs before widening (no overflow: 8 pair
 sums of at most 2*15*128), which measured 1.2x faster than widening each one, the same integers.
 
@@ -173,10 +175,15 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bits: in
     return out
 
 
+def head_fits(head_dim: int) -> bool:
+    """Whether the attention kernel takes this head size: a multiple of 16, up to 256."""
+    return head_dim % 16 == 0 and head_dim <= 256
+
+
 def attention_fits(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether `attend` takes these: bf16 on the CPU, a head size that is a multiple of 16 up to 256."""
-    return (q.dtype == k.dtype == torch.bfloat16 and q.device.type == "cpu" and q.shape[-1] % 16 == 0
-            and q.shape[-1] <= 256 and library() is not None)
+    """Whether `attend` takes these: bf16 on the CPU, a head size `head_fits` takes."""
+    return (q.dtype == k.dtype == torch.bfloat16 and q.device.type == "cpu" and head_fits(q.shape[-1])
+            and library() is not None)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None,

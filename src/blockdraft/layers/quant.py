@@ -4,11 +4,11 @@ The weights are stored quantized and multiplied by blockdraft's own kernel (`lay
 the GGUF block formats Q4_1 and Q8_0 against activations carried per row at 16 bits in groups of 32,
 integer dot products; built with the system C compiler at first use). Decoding a small model on a
 CPU is memory-bound, and 4 bits read an eighth of the bytes of bf16; the kernel unpacks each weight
-tile once for up to 32 rows, so a 9-row SmolLM2 verify step costs 2.4x a one-row step with AVX512-VNNI
-(4.7x with AVX2 alone, where extra rows are compute-bound), against 3.0x on PyTorch's int4 kernel
-(`benchmarks/bench_costs.py`). Every row runs the same operations whatever
-the row count (checked at every row count by `tests/models/test_quantized.py`), so speculation
-stays lossless *against the quantized model*.
+tile once for up to 32 rows, so a 9-row SmolLM2 verify step costs 2.4x a one-row step with
+AVX512-VNNI (4.7x with AVX2 alone, where extra rows are compute-bound), against 3.0x on PyTorch's
+int4 kernel (`benchmarks/bench_costs.py`). Every row runs the same operations whatever the row
+count (checked at every row count by `tests/models/test_quantized.py`), so speculation stays
+lossless *against the quantized model*.
 A quantized model is a different model from its bf16 source: its greedy text differs, and the
 benchmark reports both.
 
@@ -187,8 +187,8 @@ def _fused_layer(layer: nn.Module) -> kernels.LayerWeights | None:
     attn, mlp = layer.self_attn, layer.mlp
     projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     norms = (layer.input_layernorm, layer.post_attention_layernorm, *([attn.q_norm, attn.k_norm] if attn.qk_norm else []))
-    if (any(m.kernel != "qgemm" or m.bias is not None for m in projections) or attn.head_dim % 16
-            or attn.head_dim > 256 or len({n.eps for n in norms}) > 1):
+    if (any(m.kernel != "qgemm" or m.bias is not None for m in projections) or not kernels.head_fits(attn.head_dim)
+            or len({n.eps for n in norms}) > 1):
         return None
     return kernels.LayerWeights(
         layer.input_layernorm.weight, layer.post_attention_layernorm.weight, layer.input_layernorm.eps,
