@@ -49,6 +49,8 @@ def test_own_kernel_gives_the_same_bits_on_every_instruction_set_and_thread_coun
     w = torch.randn(n, k, generator=g) * torch.logspace(-2, 0, k)[torch.randperm(k, generator=g)]
     packed, scales = kernels.pack(w, bits)
     x = (torch.randn(11, k, generator=g) * torch.logspace(-3, 1, k)).bfloat16()
+    x[10, :32] = torch.tensor([32512.0, -32512.0] + [s * (i + 0.5) for i in range(15) for s in (1, -1)])   # scale 1:
+    x[10, 32:64] = torch.tensor([0.0, 1e-30] + [-0.0] * 30)                               # ties; tiny; zeros
     isas = [i for i in kernels.ISAS if kernels.ISAS[i] <= kernels.ISAS[kernels.best_isa()]]
     outs = {isa: kernels.matmul(x, packed, scales, bits, n, isa) for isa in isas}
     for isa in isas:

@@ -115,6 +115,67 @@ static void quantize_rows(const uint16_t *x, int rows, int K, Acts *a) {
     }
 }
 
+/* The same activations as quantize_rows, 8 lanes at a time: every step is exact or the same single
+ * rounding (|x| and the max, one product v * id, roundf's half-away-from-zero spelled as truncation plus
+ * a step where the exact remainder is >= 0.5, integer sums), so the bytes and scales are identical. */
+__attribute__((target("avx2,fma")))
+static void quantize_rows_avx2(const uint16_t *x, int rows, int K, Acts *a) {
+    int G = K / GROUP;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), half = _mm256_set1_ps(0.5f),
+                 qmax = _mm256_set1_ps(QMAX), one = _mm256_set1_ps(1.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int r = 0; r < rows; r++) {
+        for (int g = 0; g < G; g++) {
+            const uint16_t *xs = x + (size_t)r * K + g * GROUP;
+            __m256 v[4];
+            for (int i = 0; i < 4; i++)
+                v[i] = _mm256_castsi256_ps(_mm256_slli_epi32(
+                    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(xs + 8 * i))), 16));
+            __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
+                                     _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)));
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            float amax = _mm_cvtss_f32(m4);
+            float d = amax / QMAX, id = amax > 0.0f ? QMAX / amax : 0.0f;
+            __m256i q[4], hi[4], lo[4];
+            for (int i = 0; i < 4; i++) {
+                __m256 t = _mm256_mul_ps(v[i], _mm256_set1_ps(id));
+                __m256 tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+                __m256 up = _mm256_cmp_ps(_mm256_and_ps(_mm256_sub_ps(t, tr), absmask), half, _CMP_GE_OQ);
+                __m256 step = _mm256_or_ps(_mm256_and_ps(t, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN))), one);
+                t = _mm256_add_ps(tr, _mm256_and_ps(up, step));
+                t = _mm256_min_ps(_mm256_max_ps(t, _mm256_sub_ps(_mm256_setzero_ps(), qmax)), qmax);
+                q[i] = _mm256_cvttps_epi32(t);
+                lo[i] = _mm256_srai_epi32(_mm256_slli_epi32(q[i], 24), 24);           /* the low byte, signed */
+                hi[i] = _mm256_srai_epi32(_mm256_sub_epi32(q[i], lo[i]), 8);
+            }
+            int8_t *hd = a->hi + (size_t)r * K + g * GROUP, *ld = a->lo + (size_t)r * K + g * GROUP;
+            __m256i hb = _mm256_packs_epi16(_mm256_packs_epi32(hi[0], hi[1]), _mm256_packs_epi32(hi[2], hi[3]));
+            __m256i lb = _mm256_packs_epi16(_mm256_packs_epi32(lo[0], lo[1]), _mm256_packs_epi32(lo[2], lo[3]));
+            _mm256_storeu_si256((__m256i *)hd, _mm256_permutevar8x32_epi32(hb, order));
+            _mm256_storeu_si256((__m256i *)ld, _mm256_permutevar8x32_epi32(lb, order));
+            __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            __m256i sh = _mm256_add_epi32(_mm256_add_epi32(hi[0], hi[1]), _mm256_add_epi32(hi[2], hi[3]));
+            __m256i sl = _mm256_add_epi32(_mm256_add_epi32(lo[0], lo[1]), _mm256_add_epi32(lo[2], lo[3]));
+            int32_t ts[8], th[8], tl[8];
+            _mm256_storeu_si256((__m256i *)ts, s);
+            _mm256_storeu_si256((__m256i *)th, sh);
+            _mm256_storeu_si256((__m256i *)tl, sl);
+            int32_t s1 = 0, h1 = 0, l1 = 0;
+            for (int i = 0; i < 8; i++) {
+                s1 += ts[i];
+                h1 += th[i];
+                l1 += tl[i];
+            }
+            a->dx[(size_t)r * G + g] = d;
+            a->sumhi[(size_t)r * G + g] = h1;
+            a->sumlo[(size_t)r * G + g] = l1;
+            a->sx[(size_t)r * G + g] = d * (float)s1;
+        }
+    }
+}
+
 /* ---- the integer dot products of one (block, group): isum[c] = sum_k q[c, k] * qx[k], 16 columns ---- */
 
 static void dot_portable(const uint8_t *w, const int8_t *hi8, const int8_t *lo8, int bits, int32_t isum[COLS]) {
@@ -163,73 +224,94 @@ static void block_portable(const uint8_t *w, const uint16_t *sc, int bits, int G
     }
 }
 
-__attribute__((target("avx2,fma,f16c")))
-static void block_avx2(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0, int n,
-                       float *acc) {
+/* R rows (a constant where it is inlined) over all groups of one block, their 16 sums each (two halves of
+ * 8 columns) in registers */
+__attribute__((target("avx2,fma,f16c"), always_inline))
+static inline void tile_avx2(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0,
+                             float *acc, const int R) {
     const __m256i low = _mm256_set1_epi8(15), flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1),
                   h256 = _mm256_set1_epi16(256);
     size_t wstride = bits == 4 ? 256 : 512, sstride = bits == 4 ? 32 : 16;
+    __m256 o[3][2];
+    for (int r = 0; r < R; r++) o[r][0] = o[r][1] = _mm256_setzero_ps();
     for (int g = 0; g < G; g++) {
         const uint8_t *wg = w + g * wstride;
         for (size_t off = 0; off < wstride; off += 64) _mm_prefetch((const char *)(wg + PREFETCH + off), _MM_HINT_T0);
-        __m256i wv[2][8];                                   /* [half][j]: columns 8h..8h+7, inputs 4j..4j+3 */
-        for (int h = 0; h < 2; h++) {
-            if (bits == 4) {
-                for (int t = 0; t < 4; t++) {
+        const int32_t *xh[3], *xl[3];
+        for (int r = 0; r < R; r++) {
+            xh[r] = (const int32_t *)(a->hi + (size_t)(r0 + r) * K + g * GROUP);
+            xl[r] = (const int32_t *)(a->lo + (size_t)(r0 + r) * K + g * GROUP);
+        }
+        __m256i isum[3][2];
+        if (bits == 4) {        /* |pair| <= 2*15*128, 8 of them fit int16: widen once */
+            __m256i ah[3][2], al[3][2];
+            for (int r = 0; r < R; r++) ah[r][0] = ah[r][1] = al[r][0] = al[r][1] = _mm256_setzero_si256();
+            for (int t = 0; t < 4; t++)
+                for (int h = 0; h < 2; h++) {
                     __m256i raw = _mm256_loadu_si256((const __m256i *)(wg + 64 * t + 32 * h));
-                    wv[h][2 * t] = _mm256_and_si256(raw, low);
-                    wv[h][2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+                    __m256i w0 = _mm256_and_si256(raw, low), w1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+                    for (int r = 0; r < R; r++) {
+                        __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_set1_epi32(xh[r][2 * t])),
+                                                      _mm256_maddubs_epi16(w1, _mm256_set1_epi32(xh[r][2 * t + 1])));
+                        __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_set1_epi32(xl[r][2 * t])),
+                                                      _mm256_maddubs_epi16(w1, _mm256_set1_epi32(xl[r][2 * t + 1])));
+                        ah[r][h] = _mm256_add_epi16(ah[r][h], ph);
+                        al[r][h] = _mm256_add_epi16(al[r][h], pl);
+                    }
                 }
-            } else {
-                for (int j = 0; j < 8; j++)          /* q + 128 -> q as signed bytes */
-                    wv[h][j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wg + 64 * j + 32 * h)), flip);
-            }
+            for (int r = 0; r < R; r++)
+                for (int h = 0; h < 2; h++)
+                    isum[r][h] = _mm256_add_epi32(_mm256_madd_epi16(ah[r][h], h256), _mm256_madd_epi16(al[r][h], ones));
+        } else {                /* |pair| <= 2*127*128: widen every product */
+            __m256i ih[3][2], il[3][2];
+            for (int r = 0; r < R; r++) ih[r][0] = ih[r][1] = il[r][0] = il[r][1] = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++)
+                for (int h = 0; h < 2; h++) {    /* q + 128 -> q as signed bytes */
+                    __m256i wj = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wg + 64 * j + 32 * h)), flip);
+                    for (int r = 0; r < R; r++) {
+                        __m256i bh = _mm256_set1_epi32(xh[r][j]), bl = _mm256_set1_epi32(xl[r][j]);
+                        __m256i ph = _mm256_maddubs_epi16(_mm256_abs_epi8(bh), _mm256_sign_epi8(wj, bh));
+                        __m256i pl = _mm256_maddubs_epi16(_mm256_abs_epi8(bl), _mm256_sign_epi8(wj, bl));
+                        ih[r][h] = _mm256_add_epi32(ih[r][h], _mm256_madd_epi16(ph, ones));
+                        il[r][h] = _mm256_add_epi32(il[r][h], _mm256_madd_epi16(pl, ones));
+                    }
+                }
+            for (int r = 0; r < R; r++)
+                for (int h = 0; h < 2; h++) isum[r][h] = _mm256_add_epi32(_mm256_slli_epi32(ih[r][h], 8), il[r][h]);
         }
         const uint16_t *s = sc + g * sstride;
-        __m256 d[2], m[2];
         for (int h = 0; h < 2; h++) {
-            d[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 8 * h)));
-            m[h] = bits == 4 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + COLS + 8 * h))) : d[h];
-        }
-        for (int h = 0; h < 2; h++) {
-            for (int r = 0; r < n; r++) {
+            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 8 * h)));
+            __m256 m = bits == 4 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + COLS + 8 * h))) : d;
+            for (int r = 0; r < R; r++) {
                 size_t row = (size_t)(r0 + r);
-                const int32_t *xh = (const int32_t *)(a->hi + row * K + g * GROUP);
-                const int32_t *xl = (const int32_t *)(a->lo + row * K + g * GROUP);
-                __m256i isum;
-                if (bits == 4) {        /* |pair| <= 2*15*128, 8 of them fit int16: widen once */
-                    __m256i ah = _mm256_setzero_si256(), al = _mm256_setzero_si256();
-                    for (int j = 0; j < 8; j++) {
-                        ah = _mm256_add_epi16(ah, _mm256_maddubs_epi16(wv[h][j], _mm256_set1_epi32(xh[j])));
-                        al = _mm256_add_epi16(al, _mm256_maddubs_epi16(wv[h][j], _mm256_set1_epi32(xl[j])));
-                    }
-                    isum = _mm256_add_epi32(_mm256_madd_epi16(ah, h256), _mm256_madd_epi16(al, ones));
-                } else {                /* |pair| <= 2*127*128: widen every product */
-                    __m256i ih = _mm256_setzero_si256(), il = _mm256_setzero_si256();
-                    for (int j = 0; j < 8; j++) {
-                        __m256i bh = _mm256_set1_epi32(xh[j]), bl = _mm256_set1_epi32(xl[j]);
-                        __m256i ph = _mm256_maddubs_epi16(_mm256_abs_epi8(bh), _mm256_sign_epi8(wv[h][j], bh));
-                        __m256i pl = _mm256_maddubs_epi16(_mm256_abs_epi8(bl), _mm256_sign_epi8(wv[h][j], bl));
-                        ih = _mm256_add_epi32(ih, _mm256_madd_epi16(ph, ones));
-                        il = _mm256_add_epi32(il, _mm256_madd_epi16(pl, ones));
-                    }
-                    isum = _mm256_add_epi32(_mm256_slli_epi32(ih, 8), il);
-                }
-                float *o = acc + r * COLS + 8 * h;
-                __m256 ddx = _mm256_mul_ps(d[h], _mm256_set1_ps(a->dx[row * G + g]));
-                __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), ddx, _mm256_loadu_ps(o));
-                if (bits == 4) v = _mm256_fmadd_ps(m[h], _mm256_set1_ps(a->sx[row * G + g]), v);
-                _mm256_storeu_ps(o, v);
+                __m256 ddx = _mm256_mul_ps(d, _mm256_set1_ps(a->dx[row * G + g]));
+                o[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][h]), ddx, o[r][h]);
+                if (bits == 4) o[r][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(a->sx[row * G + g]), o[r][h]);
             }
         }
     }
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < 2; h++) _mm256_storeu_ps(acc + r * COLS + 8 * h, o[r][h]);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
-static void block_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0, int n,
-                         float *acc) {
+__attribute__((target("avx2,fma,f16c")))
+static void block_avx2(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0, int n,
+                       float *acc) {
+    int r = 0;
+    for (; r + 3 <= n; r += 3) tile_avx2(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 3);
+    if (n - r == 2) tile_avx2(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 2);
+    if (n - r == 1) tile_avx2(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 1);
+}
+
+/* R rows (a constant where it is inlined) over all groups of one block, their 16 sums each in registers */
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma"), always_inline))
+static inline void tile_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0,
+                               float *acc, const int R) {
     const __m512i low = _mm512_set1_epi8(15);
     size_t wstride = bits == 4 ? 256 : 512, sstride = bits == 4 ? 32 : 16;
+    __m512 o[4];
+    for (int r = 0; r < R; r++) o[r] = _mm512_setzero_ps();
     for (int g = 0; g < G; g++) {
         const uint8_t *wg = w + g * wstride;
         for (size_t off = 0; off < wstride; off += 64) _mm_prefetch((const char *)(wg + PREFETCH + off), _MM_HINT_T0);
@@ -246,26 +328,42 @@ static void block_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, 
         const uint16_t *s = sc + g * sstride;
         __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
         __m512 mv = bits == 4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + COLS))) : dv;
-        for (int r = 0; r < n; r++) {
+        for (int r = 0; r < R; r++) {
             size_t row = (size_t)(r0 + r);
             const int32_t *xh = (const int32_t *)(a->hi + row * K + g * GROUP);
             const int32_t *xl = (const int32_t *)(a->lo + row * K + g * GROUP);
             __m512i ih = _mm512_setzero_si512(), il = _mm512_setzero_si512();
-            for (int j = 0; j < 8; j++) {
+            __m512i jh = _mm512_setzero_si512(), jl = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j += 2) {                /* two chains each: exact integer sums */
                 ih = _mm512_dpbusd_epi32(ih, wv[j], _mm512_set1_epi32(xh[j]));
                 il = _mm512_dpbusd_epi32(il, wv[j], _mm512_set1_epi32(xl[j]));
+                jh = _mm512_dpbusd_epi32(jh, wv[j + 1], _mm512_set1_epi32(xh[j + 1]));
+                jl = _mm512_dpbusd_epi32(jl, wv[j + 1], _mm512_set1_epi32(xl[j + 1]));
             }
+            ih = _mm512_add_epi32(ih, jh);
+            il = _mm512_add_epi32(il, jl);
             if (bits == 8) {          /* the weights were stored + 128 */
                 ih = _mm512_sub_epi32(ih, _mm512_set1_epi32(128 * a->sumhi[row * G + g]));
                 il = _mm512_sub_epi32(il, _mm512_set1_epi32(128 * a->sumlo[row * G + g]));
             }
             __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(ih, 8), il);
-            float *o = acc + r * COLS;
             __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(a->dx[row * G + g]));
-            __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ddx, _mm512_loadu_ps(o));
-            if (bits == 4) v = _mm512_fmadd_ps(mv, _mm512_set1_ps(a->sx[row * G + g]), v);
-            _mm512_storeu_ps(o, v);
+            o[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ddx, o[r]);
+            if (bits == 4) o[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a->sx[row * G + g]), o[r]);
         }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(acc + r * COLS, o[r]);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
+static void block_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0, int n,
+                         float *acc) {
+    int r = 0;
+    for (; r + 4 <= n; r += 4) tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 4);
+    switch (n - r) {
+        case 3: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 3); break;
+        case 2: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 2); break;
+        case 1: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 1); break;
     }
 }
 
@@ -286,7 +384,8 @@ int bd_qgemm(const uint16_t *x, int rows, int K, const uint8_t *w, const uint16_
         free(a.hi); free(a.lo); free(a.dx); free(a.sx); free(a.sumhi); free(a.sumlo);
         return -1;
     }
-    quantize_rows(x, rows, K, &a);
+    if (isa == ISA_PORTABLE) quantize_rows(x, rows, K, &a);
+    else quantize_rows_avx2(x, rows, K, &a);
     size_t wblock = (size_t)G * (bits == 4 ? 256 : 512), sblock = (size_t)G * (bits == 4 ? 32 : 16);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int b = 0; b < blocks; b++) {
