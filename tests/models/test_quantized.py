@@ -5,8 +5,10 @@ import shutil
 
 import pytest
 import torch
+from torch.nn import functional as F
 
 from decode_oracle import generate_one
+from blockdraft.cache.paged import PagedKVPool, PagedStep, pad_tables
 from blockdraft.errors import ConfigError
 from blockdraft.layers import cpu_kernels as kernels
 from blockdraft.layers.quant import QuantizedLinear, check_scheme
@@ -144,8 +146,9 @@ def test_bad_quantization_is_named():
 @pytest.mark.skipif(not kernels.available(), reason="no C compiler: the layers run unfused")
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 def test_fused_layer_gives_the_unfused_bits(scheme):
-    """A quantized layer in three kernel calls (norms, q/k/v with Qwen3's q/k norms and the rotation,
-    attention, o_proj + residual, gate/up, down + residual) equals its PyTorch spelling bit for bit:
+    """The quantized layers in one kernel call per span between taps (norms, q/k/v with Qwen3's q/k norms and
+    the rotation, the cache write, attention, o_proj + residual, gate/up, SwiGLU, down + residual) equal
+    their PyTorch spelling bit for bit:
     prefill, a multi-row step, batch 2, logits and taps."""
     target = load_target(ASSETS / "target-qwen3", "bfloat16", scheme)
     weights = [layer.fused for layer in target.layers]
@@ -161,3 +164,39 @@ def test_fused_layer_gives_the_unfused_bits(scheme):
         outs[fused] = (first.logits, first.taps, second.logits, second.taps, cache.k[2][:, :, :23])
     for a, b in zip(outs[True], outs[False]):
         assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no C compiler: the layers run unfused")
+def test_fused_layers_write_and_read_the_paged_pool_in_place():
+    """The engine's ragged paged batch: the fused layers write each real row's K/V at its slot (padding
+    nowhere) and read the keys through the block tables, with the bits of the PyTorch spelling."""
+    target = load_target(ASSETS / "target-qwen3", "bfloat16", "int4")
+    cfg, weights = target.config, [layer.fused for layer in target.layers]
+    ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(6))
+    tables = pad_tables([[3, 1, 5], [0, 2]])
+    outs = {}
+    for fused in (True, False):
+        for layer, w in zip(target.layers, weights):
+            layer.fused = w if fused else None
+        pool = PagedKVPool(list(range(cfg.num_layers)), 8, 4, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+        with torch.inference_mode():
+            first = PagedStep(pool, tables, [0, 0], [9, 6])                     # ragged prefill: row 1 padded
+            assert first.kernel_kv() is not None
+            a = target(ids[:, :9], first, (1, 3))
+            b = target(ids[:, 9:11], PagedStep(pool, tables, [9, 6], [2, 1]), (1, 3))
+        outs[fused] = (a.logits[0], a.logits[1, :6], a.taps[1, :6], b.logits[0], b.logits[1, :1], pool.k[1], pool.v[2])
+    for x, y in zip(outs[True], outs[False]):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no C compiler")
+def test_swiglu_kernel_gives_the_same_bits_on_every_instruction_set_and_rounds_as_pytorch():
+    g = torch.Generator().manual_seed(7)
+    gate = (torch.randn(5, 200, generator=g) * torch.logspace(-3, 2, 200)).bfloat16()
+    gate[0, :4] = torch.tensor([0.0, -0.0, 100.0, -100.0])
+    up = torch.randn(5, 200, generator=g).bfloat16()
+    outs = {isa: kernels.swiglu(gate, up, isa) for isa in ("portable", kernels.best_isa())}
+    assert torch.equal(outs["portable"], outs[kernels.best_isa()])
+    ref = F.silu(gate.double()) * up.double()            # two bf16 roundings from the exact value
+    torch.testing.assert_close(outs["portable"].double(), ref, rtol=2 ** -7, atol=1e-30)
+    assert kernels.swiglu(gate.float(), up.float()) is None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .views import ContextRead, causal_visibility
+from .views import ContextRead, KernelKV, causal_visibility
 
 
 class PagedKVPool:
@@ -64,13 +64,22 @@ class PagedStep:
         self.end = max(s + c for s, c in zip(starts, counts))
         self.ragged = min(counts) != t
         # made once per step, used by every layer: where the real rows go, and what attention reads
-        slots = pool.slots(tables, self.positions)                                             # [b, t]
+        slots = self.slots = pool.slots(tables, self.positions)                                # [b, t]
         self.write_slots = slots[self.valid] if self.ragged else slots.view(-1)                # [real rows]
         self.visible = self.read_slots = None
         if attend:   # keys 0..end-1 of every row (a row's keys past its own end are masked)
             b = tables.shape[0]
             self.visible = causal_visibility(self.positions, torch.arange(self.end, device=device).expand(b, self.end))
             self.read_slots = pool.prefix_slots(tables, self.end)
+
+    def kernel_kv(self) -> KernelKV | None:
+        """The pool as the fused CPU layers read it in place (None where a layer lives in a ring, or rows
+        attend only to themselves)."""
+        if self.visible is None or self.ring is not None:
+            return None
+        _, hkv, d = next(iter(self.pool.k.values())).shape
+        write = torch.where(self.valid, self.slots, -1).view(-1)
+        return KernelKV(self.pool.k, self.pool.v, write, self.read_slots.view(self.tables.shape[0], -1), hkv * d, d)
 
     def kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the real rows of k/v [b, hkv, t, d]; return the K/V attention reads: positions 0..end-1."""

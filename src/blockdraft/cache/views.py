@@ -26,6 +26,21 @@ class ContextRead:
     start: torch.Tensor            # [b] position of each row's anchor (= its context length)
 
 
+@dataclass(frozen=True)
+class KernelKV:
+    """Where one step's fused CPU layers (`cpu_kernels.decoder_layers`) write and read K/V in place: layer
+    i's buffers k[i], v[i]; new row r (of b*t) goes to slot write_slots[r] (-1: padding, not written) and
+    batch row j reads its keys from slots read_slots[j]; a (slot, kv head) row starts at element
+    slot * slot_stride + head * head_stride."""
+
+    k: list[torch.Tensor] | dict[int, torch.Tensor]
+    v: list[torch.Tensor] | dict[int, torch.Tensor]
+    write_slots: torch.Tensor      # [b * t] int64
+    read_slots: torch.Tensor       # [b, keys] int64, contiguous
+    slot_stride: int
+    head_stride: int
+
+
 def causal_visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None,
                       causal: bool = True) -> torch.Tensor:
     """Visibility by absolute position: q_pos [b, tq], k_pos [b, tk] -> [b, 1, tq, tk].

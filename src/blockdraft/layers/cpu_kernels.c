@@ -422,7 +422,7 @@ int bd_qgemm(const uint16_t *x, int rows, int K, const uint8_t *w, const uint16_
 
 /* One query row against the keys it sees -> out [d] bf16, in two spellings with the same arithmetic:
  * score = 16 lanes of fma over the head dimension, lanes folded l += l + w for w = 8, 4, 2, 1; then
- * p = exp_neg((score - peak) * scale) rounded to bf16 per visible key, denom = their 16-lane sum folded
+ * p = exp_own((score - peak) * scale) rounded to bf16 per visible key, denom = their 16-lane sum folded
  * the same way, and acc = fma(p, v, acc) key by key in key order. */
 
 static float fold16(float part[LANES]) {
@@ -431,9 +431,9 @@ static float fold16(float part[LANES]) {
     return part[0];
 }
 
-/* exp(x) for x <= 0 (softmax weights): 0 below -87, else cephes' degree-6 polynomial on
+/* exp(x): 0 below -87 (and for NaN), inf above 88.7, else cephes' degree-6 polynomial on
  * x - n ln2 times 2^n, every step a separately rounded op or an fma, so the scalar and vector
- * spellings below give the same bits. */
+ * spellings below give the same bits. The softmax weights take it at x <= 0, SiLU at any x. */
 #define EXP_LOG2E 1.44269504088896341f
 #define EXP_C1 0.693359375f
 #define EXP_C2 (-2.12194440e-4f)
@@ -441,8 +441,9 @@ static float fold16(float part[LANES]) {
 static const float EXP_P[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
                                1.6666665459e-1f, 5.0000001201e-1f};
 
-static float exp_neg(float x) {
+static float exp_own(float x) {
     if (!(x >= -87.0f)) return 0.0f;
+    x = x < 89.0f ? x : 89.0f;                      /* n = 128 there: 2^n is inf */
     float n = (x * EXP_LOG2E + EXP_ROUND) - EXP_ROUND;
     float r = fmaf(n, -EXP_C2, fmaf(n, -EXP_C1, x));
     float p = EXP_P[0];
@@ -455,9 +456,9 @@ static float exp_neg(float x) {
 }
 
 __attribute__((target("avx2,fma")))
-static __m256 exp_neg8(__m256 x) {
+static __m256 exp8(__m256 x) {
     __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(89.0f));
     __m256 rnd = _mm256_set1_ps(EXP_ROUND);
     __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), rnd), rnd);
     __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_C1), x);
@@ -486,8 +487,8 @@ static int probs_avx2(float *scores, int n, float peak, float scale, float lanes
     __m256 lo = _mm256_loadu_ps(lanes), hi = _mm256_loadu_ps(lanes + 8);
     int i = 0;
     for (; i + LANES <= n; i += LANES) {
-        __m256 a = round8_bf16(exp_neg8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + i), pk), sc)));
-        __m256 b = round8_bf16(exp_neg8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + i + 8), pk), sc)));
+        __m256 a = round8_bf16(exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + i), pk), sc)));
+        __m256 b = round8_bf16(exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + i + 8), pk), sc)));
         _mm256_storeu_ps(scores + i, a);
         _mm256_storeu_ps(scores + i + 8, b);
         lo = _mm256_add_ps(lo, a);
@@ -498,57 +499,32 @@ static int probs_avx2(float *scores, int n, float peak, float scale, float lanes
     return i;
 }
 
-/* The visible keys' scores, compacted: scores[0..n) in key order, and the int slots scores[tk..tk+n)
- * = their key indices (the scratch holds 2 * tk floats). Returns n. */
-static int compact(float *scores, const uint8_t *seen, int64_t seen_stride, int tk) {
-    int n = 0, *keys = (int *)scores + tk;
-    for (int j = 0; j < tk; j++) {
-        if (seen && !seen[j * seen_stride]) continue;
-        scores[n] = scores[j];                     /* n <= j: never overwrites a score still to be read */
-        keys[n++] = j;
-    }
-    return n;
-}
-
-/* The visible keys' probabilities, compacted (scores[0..n) = p in key order, keys as `compact` leaves
- * them); the denominator sums p in 16 lanes (key i into lane i % 16), folded as the scores are. */
-static int probs(float *scores, const uint8_t *seen, int64_t seen_stride, int tk, float peak, float scale,
-                 float *denom, int isa);
-
 /* scores[0..n) (visible keys, in key order) -> their probabilities; *denom their 16-lane sum, folded. */
 static void exps(float *scores, int n, float peak, float scale, float *denom, int isa) {
     int i = 0;
     float lanes[LANES] = {0};
     if (isa != ISA_PORTABLE && peak > -INFINITY) i = probs_avx2(scores, n, peak, scale, lanes);
     for (; i < n; i++) {
-        scores[i] = peak > -INFINITY ? bf16_to_f32(f32_to_bf16(exp_neg((scores[i] - peak) * scale))) : 0.0f;
+        scores[i] = peak > -INFINITY ? bf16_to_f32(f32_to_bf16(exp_own((scores[i] - peak) * scale))) : 0.0f;
         lanes[i % LANES] += scores[i];
     }
     *denom = fold16(lanes);
 }
 
-static int probs(float *scores, const uint8_t *seen, int64_t seen_stride, int tk, float peak, float scale,
-                 float *denom, int isa) {
-    int n = compact(scores, seen, seen_stride, tk);
-    exps(scores, n, peak, scale, denom, isa);
-    return n;
-}
-
-static void row_portable(const float *qv, const uint16_t *kb, const uint16_t *vb, int64_t ks, int64_t vs, int tk,
-                         int d, const uint8_t *seen, int64_t seen_stride, float scale, float *scores, float *acc) {
+/* One query head over its n visible keys, at element offsets koff / voff from kb / vb, in key order. */
+static void row_portable(const float *qv, const uint16_t *kb, const uint16_t *vb, const int64_t *koff,
+                         const int64_t *voff, int n, int d, float scale, float *scores, float *acc) {
     float peak = -INFINITY, denom = 0.0f;
-    for (int j = 0; j < tk; j++) {
-        if (seen && !seen[j * seen_stride]) continue;
+    for (int i = 0; i < n; i++) {
         float part[LANES] = {0};
         for (int t = 0; t < d; t += LANES)
-            for (int l = 0; l < LANES; l++) part[l] = fmaf(qv[t + l], bf16_to_f32(kb[j * ks + t + l]), part[l]);
-        scores[j] = fold16(part);
-        peak = scores[j] > peak ? scores[j] : peak;
+            for (int l = 0; l < LANES; l++) part[l] = fmaf(qv[t + l], bf16_to_f32(kb[koff[i] + t + l]), part[l]);
+        scores[i] = fold16(part);
+        peak = scores[i] > peak ? scores[i] : peak;
     }
-    int n = probs(scores, seen, seen_stride, tk, peak, scale, &denom, ISA_PORTABLE);
-    const int *keys = (const int *)scores + tk;
+    exps(scores, n, peak, scale, &denom, ISA_PORTABLE);
     for (int i = 0; i < n; i++)
-        for (int x = 0; x < d; x++) acc[x] = fmaf(scores[i], bf16_to_f32(vb[keys[i] * vs + x]), acc[x]);
+        for (int x = 0; x < d; x++) acc[x] = fmaf(scores[i], bf16_to_f32(vb[voff[i] + x]), acc[x]);
     acc[d] = denom;
 }
 
@@ -577,19 +553,19 @@ static inline __m256 fold8x4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
 }
 
 /* row_portable for the G query heads of one KV head at one query row (qv [G][d] fp32), in AVX2: each
- * visible key (keys[0..n), in order) and value is converted from bf16 once for all G heads, and every
+ * visible key (offsets koff[0..n), in order) and value is converted from bf16 once for all G heads, and every
  * head runs row_portable's arithmetic in its order (the same bits: the score's 16 lanes are a's 8 and
  * b's 8, folded as fold16 does). scores [G][n] scratch; acc [G][d + 1]. */
 __attribute__((target("avx2,fma")))
-static void group_avx2(const float *qv, int G, const uint16_t *kb, const uint16_t *vb, int64_t ks, int64_t vs,
-                       const int *keys, int n, int d, float scale, float *scores, float *acc) {
+static void group_avx2(const float *qv, int G, const uint16_t *kb, const uint16_t *vb, const int64_t *koff,
+                       const int64_t *voff, int n, int d, float scale, float *scores, float *acc) {
     float conv[4][256] __attribute__((aligned(32))), peak[G], four[8];
     memset(conv, 0, sizeof conv);
     for (int g = 0; g < G; g++) peak[g] = -INFINITY;
     for (int i0 = 0; i0 < n; i0 += 4) {            /* 4 keys at a time: independent fma chains */
         int m = n - i0 < 4 ? n - i0 : 4;
         for (int u = 0; u < m; u++) {
-            const uint16_t *kr = kb + (int64_t)keys[i0 + u] * ks;
+            const uint16_t *kr = kb + koff[i0 + u];
             for (int t = 0; t < d; t += 8) _mm256_store_ps(conv[u] + t, load8_bf16(kr + t));
         }
         for (int g = 0; g < G; g++) {
@@ -621,7 +597,7 @@ static void group_avx2(const float *qv, int G, const uint16_t *kb, const uint16_
             for (int g = 0; g < 3; g++)
                 for (int c = 0; c < 4; c++) a[g][c] = _mm256_setzero_ps();
             for (int i = 0; i < n; i++) {
-                const uint16_t *vr = vb + (int64_t)keys[i] * vs + x;
+                const uint16_t *vr = vb + voff[i] + x;
                 __m256 vv[4];
                 for (int c = 0; c < 4; c++) vv[c] = c * 8 < w ? load8_bf16(vr + 8 * c) : _mm256_setzero_ps();
                 for (int g = 0; g < gn; g++) {
@@ -635,22 +611,30 @@ static void group_avx2(const float *qv, int G, const uint16_t *kb, const uint16_
     }
 }
 
-/* q [b, h, tq, d] contiguous bf16; k, v bf16 with strides (batch, kv head, key) in elements and the
- * head dimension contiguous; vis uint8 with strides (batch, query row, key), or NULL (all visible);
- * out [b, tq, h * d] bf16. d % 16 == 0, d <= 256. Returns 0, -1 without scratch memory, -2 for d > 256. */
-int bd_attend(const uint16_t *q, int b, int h, int tq, int d, const uint16_t *k, const uint16_t *v,
-              const int64_t *kv_strides, int hkv, int tk, const uint8_t *vis, const int64_t *vis_strides,
-              float scale, uint16_t *out, int isa, int threads) {
+/* Where attention reads K and V: element strides (batch, kv head, key) of each, or, where `slots` is
+ * given, a slot per (batch, key) [b, tk] and strides (unused, kv head, slot) shared by K and V (a
+ * paged pool or a cache read in place). */
+typedef struct {
+    const uint16_t *k, *v;
+    const int64_t *kst, *vst, *slots;
+} KvRead;
+
+/* q [b, h, tq, d] contiguous bf16 over the keys `kv` gives; vis uint8 with strides (batch, query row,
+ * key), or NULL (all visible); out [b, tq, h * d] bf16. d % 16 == 0, d <= 256. Returns 0, -1 without
+ * scratch memory, -2 for d > 256. */
+static int attend(const uint16_t *q, int b, int h, int tq, int d, KvRead kv, int hkv, int tk, const uint8_t *vis,
+                  const int64_t *vis_strides, float scale, uint16_t *out, int isa, int threads) {
     int groups = h / hkv, failed = 0;
     if (d > 256 || d % LANES) return -2;
 #pragma omp parallel num_threads(threads)
     {
-        /* per thread: the scores of a group ([groups][2 tk]; the portable path compacts in place),
-         * the visible keys' indices [tk], and the accumulators [groups][d + 1] */
-        float *scores = malloc(sizeof(float) * 2 * (size_t)tk * groups), *acc = malloc(sizeof(float) * groups * (d + 1));
-        int *keys = malloc(sizeof(int) * (size_t)(tk > 0 ? tk : 1));
+        /* per thread: the scores of a group [groups][tk], the visible keys' K and V offsets [tk] each,
+         * the accumulators [groups][d + 1] and the queries in fp32 [groups][d] */
+        size_t keys = tk > 0 ? (size_t)tk : 1;
+        float *scores = malloc(sizeof(float) * keys * groups), *acc = malloc(sizeof(float) * groups * (d + 1));
+        int64_t *koff = malloc(sizeof(int64_t) * 2 * keys), *voff = koff + keys;
         float *qv = malloc(sizeof(float) * groups * d);
-        int ok = scores && acc && keys && qv;
+        int ok = scores && acc && koff && qv;
         if (!ok) {
 #pragma omp atomic write
             failed = 1;
@@ -659,34 +643,43 @@ int bd_attend(const uint16_t *q, int b, int h, int tq, int d, const uint16_t *k,
         for (int unit = 0; unit < b * hkv * tq; unit++) {          /* (batch, KV head, query row) */
             if (!ok) continue;
             int bi = unit / (hkv * tq), kvh = unit / tq % hkv, i = unit % tq;
-            const uint16_t *kb = k + bi * kv_strides[0] + kvh * kv_strides[1];
-            const uint16_t *vb = v + bi * kv_strides[3] + kvh * kv_strides[4];
             const uint8_t *seen = vis ? vis + bi * vis_strides[0] + i * vis_strides[1] : NULL;
             int64_t st = vis ? vis_strides[2] : 0;
+            int n = 0;
+            for (int j = 0; j < tk; j++) {
+                if (seen && !seen[j * st]) continue;
+                koff[n] = kv.slots ? kv.slots[(int64_t)bi * tk + j] * kv.kst[2] : bi * kv.kst[0] + j * kv.kst[2];
+                voff[n++] = kv.slots ? kv.slots[(int64_t)bi * tk + j] * kv.vst[2] : bi * kv.vst[0] + j * kv.vst[2];
+            }
+            const uint16_t *kb = kv.k + kvh * kv.kst[1], *vb = kv.v + kvh * kv.vst[1];
             memset(acc, 0, sizeof(float) * groups * (d + 1));
             for (int g = 0; g < groups; g++) {
                 const uint16_t *qr = q + (((size_t)bi * h + kvh * groups + g) * tq + i) * d;
                 for (int x = 0; x < d; x++) qv[g * d + x] = bf16_to_f32(qr[x]);
             }
-            if (isa != ISA_PORTABLE) {
-                int n = 0;
-                for (int j = 0; j < tk; j++)
-                    if (!seen || seen[j * st]) keys[n++] = j;
-                group_avx2(qv, groups, kb, vb, kv_strides[2], kv_strides[5], keys, n, d, scale, scores, acc);
-            } else {
+            if (isa != ISA_PORTABLE)
+                group_avx2(qv, groups, kb, vb, koff, voff, n, d, scale, scores, acc);
+            else
                 for (int g = 0; g < groups; g++)
-                    row_portable(qv + g * d, kb, vb, kv_strides[2], kv_strides[5], tk, d, seen, st, scale, scores,
-                                 acc + g * (d + 1));
-            }
+                    row_portable(qv + g * d, kb, vb, koff, voff, n, d, scale, scores, acc + g * (d + 1));
             for (int g = 0; g < groups; g++) {
                 const float *ag = acc + g * (d + 1);
                 uint16_t *o = out + ((size_t)bi * tq + i) * h * d + (size_t)(kvh * groups + g) * d;
                 for (int x = 0; x < d; x++) o[x] = f32_to_bf16(ag[d] > 0.0f ? ag[x] / ag[d] : 0.0f);
             }
         }
-        free(scores); free(acc); free(keys); free(qv);
+        free(scores); free(acc); free(koff); free(qv);
     }
     return failed ? -1 : 0;
+}
+
+/* k, v bf16 with element strides (batch, kv head, key) kv_strides[0..3) and [3..6), the head dimension
+ * contiguous; the rest as `attend`. */
+int bd_attend(const uint16_t *q, int b, int h, int tq, int d, const uint16_t *k, const uint16_t *v,
+              const int64_t *kv_strides, int hkv, int tk, const uint8_t *vis, const int64_t *vis_strides,
+              float scale, uint16_t *out, int isa, int threads) {
+    KvRead kv = {k, v, kv_strides, kv_strides + 3, NULL};
+    return attend(q, b, h, tq, d, kv, hkv, tk, vis, vis_strides, scale, out, isa, threads);
 }
 
 /* ---- RMSNorm for inference on the CPU: out = w * bf16(x * 1/sqrt(mean(x^2) + eps)) ----
@@ -711,34 +704,74 @@ void bd_rmsnorm(const uint16_t *x, int rows, int d, const uint16_t *w, float eps
     }
 }
 
-/* ---- a decoder layer of the quantized target in three calls (models/target.py's fused path) ----
- * The operations, order and roundings of the layer's PyTorch spelling over these kernels — RMSNorm,
- * the projections, the NeoX rotation x*cos + roll(x, d/2)*sin with each op rounded to bf16, the
- * attention, the residual adds in bf16 — so the same bits, in three calls instead of ~15 dispatches.
- * The SwiGLU product between the gate/up and down projections stays PyTorch's (its exp). */
+/* ---- SwiGLU for bf16 inference: act = bf16(bf16(silu(gate)) * up), silu(g) = g / (1 + exp(-g)) in fp32 ----
+ * (exp_own; the rounding of PyTorch's spelling `F.silu(gate) * up` in bf16). Row by row, element by element:
+ * the bits depend on nothing else. gate and up rows at element strides gs and us; act [rows, I]. */
+static inline uint16_t swiglu1(uint16_t g, uint16_t u) {
+    float x = bf16_to_f32(g);
+    float s = bf16_to_f32(f32_to_bf16(x / (1.0f + exp_own(-x))));
+    return f32_to_bf16(s * bf16_to_f32(u));
+}
 
-/* x [b*t, H] -> q [b, h, t, d], k and v [b, hkv, t, d]: RMSNorm, the fused q/k/v projection, Qwen3's
- * per-head RMSNorm of q and k where qn_w and kn_w are given, then the rotation of q and k by cos, sin
- * [b, t, d] (sin's first half negated, as Rotary.cos_sin gives it). */
-int bd_attn_in(const uint16_t *x, int b, int t, int H, const uint16_t *norm_w, float eps, const uint8_t *w,
-               const uint16_t *scales, int bits, int h, int hkv, int d, const uint16_t *qn_w, const uint16_t *kn_w,
-               const uint16_t *cos, const uint16_t *sin, uint16_t *q, uint16_t *k, uint16_t *v, int isa,
-               int threads) {
-    int rows = b * t, heads = h + 2 * hkv, N = heads * d;
-    uint16_t *normed = malloc(2 * (size_t)rows * H), *proj = malloc(2 * (size_t)rows * N);
-    int rc = normed && proj ? 0 : -1;
-    if (rc == 0) {
-        bd_rmsnorm(x, rows, H, norm_w, eps, normed);
-        rc = bd_qgemm(normed, rows, H, w, scales, N, bits, proj, NULL, isa, threads);
+__attribute__((target("avx2,fma")))
+static void swiglu_avx2(const uint16_t *g, const uint16_t *u, int n, uint16_t *act) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = load8_bf16(g + i);
+        __m256 s = round8_bf16(_mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x)))));
+        __m256i y = _mm256_srli_epi32(_mm256_castps_si256(round8_bf16(_mm256_mul_ps(s, load8_bf16(u + i)))), 16);
+        _mm_storeu_si128((__m128i *)(act + i), _mm_packus_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1)));
     }
+    for (; i < n; i++) act[i] = swiglu1(g[i], u[i]);
+}
+
+void bd_swiglu(const uint16_t *gate, int64_t gs, const uint16_t *up, int64_t us, int rows, int I, uint16_t *act,
+               int isa) {
+    for (int r = 0; r < rows; r++) {
+        const uint16_t *g = gate + r * gs, *u = up + r * us;
+        uint16_t *a = act + (size_t)r * I;
+        if (isa != ISA_PORTABLE) swiglu_avx2(g, u, I, a);
+        else
+            for (int i = 0; i < I; i++) a[i] = swiglu1(g[i], u[i]);
+    }
+}
+
+/* ---- the quantized target's decoder layers in one call (models/target.py's fused path) ----
+ * The operations, order and roundings of the layers' PyTorch spelling over these kernels — RMSNorm,
+ * the projections, Qwen3's q/k norms, the NeoX rotation x*cos + roll(x, d/2)*sin with each op rounded
+ * to bf16, the cache write, the attention, the residual adds in bf16, SwiGLU — so the same bits, with
+ * no Python between the layers. */
+
+/* Where a layer's new K and V rows go: row r (of b*t) to slot slots[r] (nowhere where < 0: a batch's
+ * padding) at element offset slot * stride + kv head * head_stride of k and v. */
+typedef struct {
+    uint16_t *k, *v;
+    const int64_t *slots;
+    int64_t stride, head_stride;
+} KvWrite;
+
+/* x [b*t, H] -> q [b, h, t, d] and the new K/V rows where `kw` says: RMSNorm, the fused q/k/v projection,
+ * Qwen3's per-head RMSNorm of q and k where qn_w and kn_w are given, then the rotation of q and k by
+ * cos, sin [b, t, d] (sin's first half negated, as Rotary.cos_sin gives it). normed [b*t, H] and
+ * proj [b*t, (h + 2 hkv) d] are scratch. */
+static int attn_in(const uint16_t *x, int b, int t, int H, const uint16_t *norm_w, float eps, const uint8_t *w,
+                   const uint16_t *scales, int bits, int h, int hkv, int d, const uint16_t *qn_w,
+                   const uint16_t *kn_w, const uint16_t *cos, const uint16_t *sin, uint16_t *q, KvWrite kw,
+                   uint16_t *normed, uint16_t *proj, int isa, int threads) {
+    int rows = b * t, heads = h + 2 * hkv, N = heads * d;
+    bd_rmsnorm(x, rows, H, norm_w, eps, normed);
+    int rc = bd_qgemm(normed, rows, H, w, scales, N, bits, proj, NULL, isa, threads);
     for (int r = 0; r < rows && rc == 0; r++) {
         int bi = r / t, ti = r % t;
         const uint16_t *c = cos + (size_t)r * d, *sn = sin + (size_t)r * d;
         for (int hd = 0; hd < heads; hd++) {
             const uint16_t *src = proj + (size_t)r * N + (size_t)hd * d;
-            uint16_t *dst = hd < h ? q + (((size_t)bi * h + hd) * t + ti) * d
-                          : hd < h + hkv ? k + (((size_t)bi * hkv + hd - h) * t + ti) * d
-                                         : v + (((size_t)bi * hkv + hd - h - hkv) * t + ti) * d;
+            uint16_t *dst;
+            if (hd < h) dst = q + (((size_t)bi * h + hd) * t + ti) * d;
+            else if (kw.slots[r] < 0) continue;
+            else dst = (hd < h + hkv ? kw.k + (int64_t)(hd - h) * kw.head_stride
+                                     : kw.v + (int64_t)(hd - h - hkv) * kw.head_stride) + kw.slots[r] * kw.stride;
             if (hd >= h + hkv) {
                 memcpy(dst, src, 2 * (size_t)d);
                 continue;
@@ -755,30 +788,51 @@ int bd_attn_in(const uint16_t *x, int b, int t, int H, const uint16_t *norm_w, f
             }
         }
     }
-    free(normed);
-    free(proj);
     return rc;
 }
 
-/* Attention of q over k, v (bd_attend's arguments), the output projection added to x -> x1 [b*t, H], then
- * RMSNorm of x1 and the fused gate/up projection -> gu [b*t, N2]. */
-int bd_attn_out(const uint16_t *x, const uint16_t *q, int b, int h, int t, int d, const uint16_t *k,
-                const uint16_t *v, const int64_t *kv_strides, int hkv, int tk, const uint8_t *vis,
-                const int64_t *vis_strides, float scale, const uint8_t *o_w, const uint16_t *o_s, int H,
-                const uint16_t *norm_w, float eps, const uint8_t *gu_w, const uint16_t *gu_s, int N2, int bits,
-                uint16_t *x1, uint16_t *gu, int isa, int threads) {
-    int rows = b * t;
-    uint16_t *heads = malloc(2 * (size_t)rows * h * d), *normed = malloc(2 * (size_t)rows * H);
-    int rc = heads && normed ? 0 : -1;
-    if (rc == 0)
-        rc = bd_attend(q, b, h, t, d, k, v, kv_strides, hkv, tk, vis, vis_strides, scale, heads, isa, threads);
-    if (rc == 0)
-        rc = bd_qgemm(heads, rows, h * d, o_w, o_s, H, bits, x1, x, isa, threads);
-    if (rc == 0) {
-        bd_rmsnorm(x1, rows, H, norm_w, eps, normed);
-        rc = bd_qgemm(normed, rows, H, gu_w, gu_s, N2, bits, gu, NULL, isa, threads);
+/* One quantized decoder layer's weights (cpu_kernels.py's LayerTable mirrors it). */
+typedef struct {
+    const uint16_t *norm1, *norm2, *q_norm, *k_norm;        /* q_norm, k_norm: NULL but for Qwen3 */
+    const uint8_t *qkv, *o, *gate_up, *down;
+    const uint16_t *qkv_s, *o_s, *gate_up_s, *down_s;
+} LayerPtrs;
+
+/* x_in [b*t, H] through n layers -> x [b*t, H]. Layer l writes its new K/V rows into k_pools[l] /
+ * v_pools[l] at write_slots [b*t] and attends to the keys at read_slots [b, tk] (both as KvWrite and
+ * KvRead spell them, with slot_stride and head_stride), visible where vis (strides (batch, query row,
+ * key)) says. cos, sin [b, t, d]; scale the attention's. Returns 0, or < 0 as the kernels above. */
+int bd_layers(const uint16_t *x_in, uint16_t *x, int b, int t, const LayerPtrs *layers, int n, int H, int h,
+              int hkv, int d, int I, int bits, float eps, float scale, const uint16_t *cos, const uint16_t *sin,
+              uint16_t *const *k_pools, uint16_t *const *v_pools, const int64_t *write_slots,
+              const int64_t *read_slots, int tk, int64_t slot_stride, int64_t head_stride, const uint8_t *vis,
+              const int64_t *vis_strides, int isa, int threads) {
+    size_t rows = (size_t)b * t, N = (size_t)(h + 2 * hkv) * d, hd = (size_t)h * d;
+    size_t elems = rows * (H + N + hd + hd + H + 2 * (size_t)I + I);
+    uint16_t *scratch = malloc(2 * elems);
+    if (!scratch) return -1;
+    uint16_t *normed = scratch, *proj = normed + rows * H, *q = proj + rows * N, *heads = q + rows * hd,
+             *x1 = heads + rows * hd, *gu = x1 + rows * H, *act = gu + rows * 2 * I;
+    const int64_t strides[3] = {0, head_stride, slot_stride};
+    memcpy(x, x_in, 2 * rows * H);
+    int rc = 0;
+    for (int l = 0; l < n && rc == 0; l++) {
+        const LayerPtrs *L = layers + l;
+        KvWrite kw = {k_pools[l], v_pools[l], write_slots, slot_stride, head_stride};
+        KvRead kr = {k_pools[l], v_pools[l], strides, strides, read_slots};
+        rc = attn_in(x, b, t, H, L->norm1, eps, L->qkv, L->qkv_s, bits, h, hkv, d, L->q_norm, L->k_norm, cos, sin, q,
+                     kw, normed, proj, isa, threads);
+        if (rc == 0) rc = attend(q, b, h, t, d, kr, hkv, tk, vis, vis_strides, scale, heads, isa, threads);
+        if (rc == 0) rc = bd_qgemm(heads, (int)rows, (int)hd, L->o, L->o_s, H, bits, x1, x, isa, threads);
+        if (rc == 0) {
+            bd_rmsnorm(x1, (int)rows, H, L->norm2, eps, normed);
+            rc = bd_qgemm(normed, (int)rows, H, L->gate_up, L->gate_up_s, 2 * I, bits, gu, NULL, isa, threads);
+        }
+        if (rc == 0) {
+            bd_swiglu(gu, 2 * I, gu + I, 2 * I, (int)rows, I, act, isa);
+            rc = bd_qgemm(act, (int)rows, I, L->down, L->down_s, H, bits, x, x1, isa, threads);
+        }
     }
-    free(heads);
-    free(normed);
+    free(scratch);
     return rc;
 }

@@ -15,11 +15,14 @@ and sums in a fixed order, masked keys never read), so its bits do not depend on
 or on masked keys either; it replaces the float64 form of `layers/attention.py` for bf16 on the
 CPU (39 vs 89 us for a one-row SmolLM2 layer at 300 keys).
 
-A quantized target layer runs as three calls (`decoder_layer`: RMSNorm, q/k/v, Qwen3's q/k norms,
-the rotation; attention, o_proj + residual, RMSNorm, gate/up; down + residual), with the bits of its
-PyTorch spelling over the same kernels (tested): it took a one-row int4 SmolLM2 step from 20.5 to
-16.0 ms on a 2-core AVX2 EPYC (the ~15 dispatches' overhead; 14.2 ms with the weights gathered once
-and the attention below).
+The quantized target's layers run in C with no Python between them (`decoder_layers`: per layer
+RMSNorm, q/k/v, Qwen3's q/k norms, the rotation, the K/V rows written into the step's cache or paged
+pool in place, attention reading the keys there through the slots, o_proj + residual, RMSNorm,
+gate/up, SwiGLU, down + residual), one call per span between the drafter's taps, with the bits of the
+layers' PyTorch spelling over the same kernels (tested, cache and paged pool). Since SiLU needs an exp,
+the PyTorch spelling calls this module's `swiglu` too for bf16 inference. One-row int4 SmolLM2 step:
+20.5 ms in PyTorch dispatches -> 16.0 in three calls a layer -> 14.2 with the weights gathered once
+(2-core AVX2 EPYC); three calls a layer -> one call a span: ~12 -> ~9 ms (AVX512 EPYC).
 On AVX2, 4-bit products are summed in 16 bits over 32 inputs before widening (no overflow: 8 pair
 sums of at most 2*15*128), which measured 1.2x faster than widening each one, the same integers.
 
@@ -42,7 +45,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.nn import functional as F
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +90,12 @@ def library() -> ctypes.CDLL | None:
     lib.bd_attend.argtypes = [ctypes.c_void_p, *[ctypes.c_int] * 4, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,
                               ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-    ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    lib.bd_attn_in.restype = lib.bd_attn_out.restype = ctypes.c_int
-    lib.bd_attn_in.argtypes = [ptr, i32, i32, i32, ptr, f32, ptr, ptr, i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr,
-                               ptr, ptr, i32, i32]
-    lib.bd_attn_out.argtypes = [ptr, ptr, i32, i32, i32, i32, ptr, ptr, ptr, i32, i32, ptr, ptr, f32, ptr, ptr, i32,
-                                ptr, f32, ptr, ptr, i32, i32, ptr, ptr, i32, i32]
+    ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+    lib.bd_layers.restype = ctypes.c_int
+    lib.bd_layers.argtypes = [ptr, ptr, i32, i32, ptr, i32, i32, i32, i32, i32, i32, i32, f32, f32, ptr, ptr, ptr, ptr,
+                              ptr, ptr, i32, i64, i64, ptr, ptr, i32, i32]
+    lib.bd_swiglu.restype = None
+    lib.bd_swiglu.argtypes = [ptr, i64, ptr, i64, i32, i32, ptr, i32]
     lib.bd_rmsnorm.restype = None
     lib.bd_rmsnorm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_float,
                                ctypes.c_void_p]
@@ -215,10 +217,16 @@ def _keys_and_mask(k, v, visible, b: int, tq: int):
     return k, v, strides, visible.data_ptr(), (ctypes.c_int64 * 3)(*visible.stride())
 
 
-@dataclass(frozen=True, slots=True)
+class LayerTable(ctypes.Structure):
+    """One layer's weight pointers, as `bd_layers` reads them (its LayerPtrs)."""
+    _fields_ = [(name, ctypes.c_void_p) for name in ("norm1", "norm2", "q_norm", "k_norm", "qkv", "o", "gate_up",
+                                                     "down", "qkv_s", "o_s", "gate_up_s", "down_s")]
+
+
+@dataclass(frozen=True)
 class LayerWeights:
-    """A quantized decoder layer as `decoder_layer` reads it: plain tensors, gathered once by
-    `layers/quant.py` (each nn.Module attribute lookup on the per-token path costs ~1 us)."""
+    """A quantized decoder layer as `decoder_layers` reads it: plain tensors gathered once by
+    `layers/quant.py`, and their pointers (`table`)."""
     norm1: torch.Tensor                   # [H] bf16, before attention
     norm2: torch.Tensor                   # [H] bf16, before the MLP
     eps: float
@@ -233,39 +241,59 @@ class LayerWeights:
     head_dim: int
     intermediate: int
 
+    @functools.cached_property
+    def table(self) -> LayerTable:
+        qn, kn = self.qk_norms or (None, None)
+        tensors = (self.norm1, self.norm2, qn, kn, self.qkv[0], self.o[0], self.gate_up[0], self.down[0],
+                   self.qkv[1], self.o[1], self.gate_up[1], self.down[1])
+        return LayerTable(*(None if t is None else t.data_ptr() for t in tensors))
 
-def decoder_layer(w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step, layer: int,
-                  isa: str | None = None) -> torch.Tensor:
-    """x [b, t, H] -> the layer's output, with the bits of its PyTorch spelling over these kernels, in three
-    calls: `bd_attn_in` (RMSNorm, q/k/v, q/k norms, the rotation by cos/sin [b, 1, t, d]), then the cache
-    write (`step.kv`), `bd_attn_out` (attention over what step.kv returns and `step.visible`, o_proj +
-    residual, RMSNorm, gate/up), PyTorch's SwiGLU product, and `bd_qgemm` (down + residual)."""
-    lib, code, threads = library(), ISAS[isa or best_isa()], torch.get_num_threads()
+
+def decoder_layers(ws: list[LayerWeights], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv, first: int,
+                   visible: torch.Tensor | None, isa: str | None = None) -> torch.Tensor:
+    """x [b, t, H] through the quantized layers first .. first + len(ws) - 1 in one call (`bd_layers`), with the
+    bits of their PyTorch spelling over these kernels: each layer writes its new K/V rows and reads its keys
+    where `kv` (a step's `KernelKV`) says, visible where `visible` [b or 1, 1, t, keys] says (None: all).
+    cos/sin [b, 1, t, d] from `Rotary.cos_sin`."""
+    w = ws[0]
     b, t, H = x.shape
-    h, hkv, d = w.heads, w.kv_heads, w.head_dim
     x = x.contiguous()
-    q = torch.empty(b, h, t, d, dtype=torch.bfloat16)
-    k, v = torch.empty(b, hkv, t, d, dtype=torch.bfloat16), torch.empty(b, hkv, t, d, dtype=torch.bfloat16)
+    out = torch.empty_like(x)
+    n, d = len(ws), w.head_dim
     cos, sin = cos.expand(b, 1, t, d).contiguous(), sin.expand(b, 1, t, d).contiguous()
-    qn, kn = (n.data_ptr() for n in w.qk_norms) if w.qk_norms else (None, None)
-    rc = lib.bd_attn_in(x.data_ptr(), b, t, H, w.norm1.data_ptr(), w.eps, w.qkv[0].data_ptr(), w.qkv[1].data_ptr(),
-                        w.bits, h, hkv, d, qn, kn, cos.data_ptr(), sin.data_ptr(), q.data_ptr(), k.data_ptr(),
-                        v.data_ptr(), code, threads)
+    tables = (LayerTable * n)(*(lw.table for lw in ws))
+    k_pools = (ctypes.c_void_p * n)(*(kv.k[first + i].data_ptr() for i in range(n)))
+    v_pools = (ctypes.c_void_p * n)(*(kv.v[first + i].data_ptr() for i in range(n)))
+    tk = kv.read_slots.shape[1]
+    mask = mask_strides = None
+    if visible is not None:
+        visible = visible.expand(b, 1, t, tk)[:, 0]                                             # [b, t, tk]
+        mask, mask_strides = visible.data_ptr(), (ctypes.c_int64 * 3)(*visible.stride())
+    rc = library().bd_layers(x.data_ptr(), out.data_ptr(), b, t, tables, n, H, w.heads, w.kv_heads, d, w.intermediate,
+                             w.bits, w.eps, d ** -0.5, cos.data_ptr(), sin.data_ptr(), k_pools, v_pools,
+                             kv.write_slots.data_ptr(), kv.read_slots.data_ptr(), tk, kv.slot_stride, kv.head_stride,
+                             mask, mask_strides, ISAS[isa or best_isa()], torch.get_num_threads())
     if rc != 0:
-        raise MemoryError(f"decoder_layer: no scratch memory for {b * t} rows")
-    k, v = step.kv(layer, k, v)
-    k, v, strides, mask, mask_strides = _keys_and_mask(k, v, step.visible, b, t)
-    x1 = torch.empty(b, t, H, dtype=torch.bfloat16)
-    gate_up = torch.empty(b, t, 2 * w.intermediate, dtype=torch.bfloat16)
-    rc = lib.bd_attn_out(x.data_ptr(), q.data_ptr(), b, h, t, d, k.data_ptr(), v.data_ptr(), strides, hkv,
-                         k.shape[2], mask, mask_strides, d ** -0.5, w.o[0].data_ptr(), w.o[1].data_ptr(), H,
-                         w.norm2.data_ptr(), w.eps, w.gate_up[0].data_ptr(), w.gate_up[1].data_ptr(),
-                         2 * w.intermediate, w.bits, x1.data_ptr(), gate_up.data_ptr(), code, threads)
-    if rc != 0:
-        raise MemoryError(f"decoder_layer: no scratch memory for {b * t} rows")
-    gate, up = gate_up.chunk(2, dim=-1)
-    act = (F.silu(gate) * up).view(b * t, w.intermediate)                                      # [b*t, I]
-    return matmul(act, *w.down, w.bits, H, isa, residual=x1.view(b * t, H)).view(b, t, H)
+        raise MemoryError(f"decoder_layers: no scratch memory for {b * t} rows")
+    return out
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, isa: str | None = None) -> torch.Tensor | None:
+    """`F.silu(gate) * up` for bf16 inference on the CPU (`bd_swiglu`: the same two bf16 roundings, SiLU on
+    the kernels' own exp, so the fused layers and this spelling give the same bits), or None where it does not
+    apply (another dtype or device, autograd recording, rows not unit-strided, no kernel)."""
+    if (gate.dtype != torch.bfloat16 or up.dtype != torch.bfloat16 or gate.device.type != "cpu"
+            or gate.shape != up.shape or torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)
+            or library() is None):
+        return None
+    i = gate.shape[-1]
+    g, u = gate.reshape(-1, i), up.reshape(-1, i)         # views where the rows are evenly spaced
+    if g.stride(-1) != 1 or u.stride(-1) != 1:
+        return None
+    act = torch.empty(g.shape, dtype=torch.bfloat16)
+    library().bd_swiglu(g.data_ptr(), g.stride(0), u.data_ptr(), u.stride(0), g.shape[0], i, act.data_ptr(),
+                        ISAS[isa or best_isa()])
+    return act.view(gate.shape)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:

@@ -183,7 +183,7 @@ def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) ->
 
 
 def _fused_layer(layer: nn.Module) -> kernels.LayerWeights | None:
-    """The layer's weights for `cpu_kernels.decoder_layer`, where its kernels take the whole layer."""
+    """The layer's weights for `cpu_kernels.decoder_layers`, where its kernels take the whole layer."""
     attn, mlp = layer.self_attn, layer.mlp
     projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     norms = (layer.input_layernorm, layer.post_attention_layernorm, *([attn.q_norm, attn.k_norm] if attn.qk_norm else []))

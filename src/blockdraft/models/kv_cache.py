@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..cache.views import ContextRead, causal_visibility
+from ..cache.views import ContextRead, KernelKV, causal_visibility
 
 
 class KVCache:
@@ -75,3 +75,11 @@ class ContiguousStep:
         self.cache.k[layer][:, :, self.start:self.end] = k
         self.cache.v[layer][:, :, self.start:self.end] = v
         return self.cache.k[layer][:, :, :self.end], self.cache.v[layer][:, :, :self.end]
+
+    def kernel_kv(self) -> KernelKV:
+        """The cache as slots: (batch i, position p) is slot i * hkv * capacity + p of each layer's
+        [b, hkv, capacity, d] buffer."""
+        b, hkv, cap, d = self.cache.k[0].shape
+        base = torch.arange(b, device=self.positions.device)[:, None] * (hkv * cap)                 # [b, 1]
+        return KernelKV(self.cache.k, self.cache.v, (base + self.positions).view(-1),
+                        base + torch.arange(self.end, device=base.device), d, cap * d)

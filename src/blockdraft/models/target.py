@@ -75,9 +75,11 @@ class MLP(DirectCall):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        act = kernels.swiglu(gate, up)          # bf16 CPU inference: the fused layers' SiLU (same bits)
+        return self.down_proj(F.silu(gate) * up if act is None else act)
 
 
 class DecoderLayer(DirectCall):
@@ -90,8 +92,6 @@ class DecoderLayer(DirectCall):
         self.fused: kernels.LayerWeights | None = None   # set by `layers/quant.py` where the CPU kernels take the layer
 
     def forward(self, x, cos, sin, step, layer):
-        if self.fused is not None:    # the same bits in three kernel calls
-            return kernels.decoder_layer(self.fused, x, cos, sin, step, layer)
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, step, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -148,10 +148,20 @@ class TargetModel(nn.Module):
         x = self.embed_tokens(input_ids)
         taps = {}
         last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, step, i)
-            if i in tap_layers:
-                taps[i] = x
+        fused = [layer.fused for layer in self.layers]
+        kv = step.kernel_kv() if None not in fused and hasattr(step, "kernel_kv") else None
+        if kv is not None:         # quantized on the CPU: the layers between taps in one kernel call each
+            first = 0
+            for i in sorted({*[i for i in tap_layers if i < last], last}):
+                x = kernels.decoder_layers(fused[first:i + 1], x, cos, sin, kv, first, step.visible)
+                if i in tap_layers:
+                    taps[i] = x
+                first = i + 1
+        else:
+            for i, layer in enumerate(self.layers):
+                x = layer(x, cos, sin, step, i)
+                if i in tap_layers:
+                    taps[i] = x
         x = self.norm(x)
         if last in tap_layers and spec.point == "hidden_states":
             taps[last] = x  # HF hidden_states[-1] is after the final norm
