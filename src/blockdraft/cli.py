@@ -469,8 +469,7 @@ def _generate_onnx(args: argparse.Namespace) -> int:
 
     from .engine.onnx_runner import onnx_engine
     from .errors import RequestError
-    from .llm import LLM
-    from .tokenizer import Tokenizer
+    from .tokenizer import TextStream, Tokenizer
 
     for flag in ("target", "drafter", "mode", "block_size"):
         if getattr(args, flag) is not None:
@@ -482,15 +481,12 @@ def _generate_onnx(args: argparse.Namespace) -> int:
     if args.prompt is not None and tok is None:
         raise RequestError(f"{folder} has no tokenizer.json; pass --prompt-ids")
     params = _sampling_params(args)
-    if args.prompt is not None:
-        prompt = tok.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else tok.encode(args.prompt)
-    else:
-        prompt = args.prompt_ids
+    prompt = tok.encode_prompt(args.prompt, args.chat) if args.prompt is not None else args.prompt_ids
     decode = tok.decode if tok is not None else None
     eos = frozenset({tok.eos_token_id}) if tok is not None and tok.eos_token_id is not None else frozenset()
     engine = onnx_engine(folder, 1, eos, decode, args.adaptive_speculation, args.num_speculative_tokens)
     out = engine.generate([prompt], params)[0]             # admission checks the request first
-    _print_generation(args, out, LLM._text(out.token_ids, params, decode), engine.models.kind,
+    _print_generation(args, out, TextStream(decode, params.stop).text(out.token_ids), engine.models.kind,
                       {"backend": "onnxruntime"})
     return 0
 

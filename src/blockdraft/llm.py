@@ -20,7 +20,7 @@ from .errors import ConfigError, RequestError
 from .loading import load_drafter, load_target
 from .numerics import describe, resolve_device, resolve_dtype, resolve_quantization
 from .sampling.params import SamplingParams
-from .tokenizer import Tokenizer
+from .tokenizer import TextStream, Tokenizer
 
 TINY_ASSETS = Path(__file__).parent / "assets" / "tiny"            # test fixtures (random tiny Qwen3 + drafters)
 SHIPPED_DRAFTERS = Path(__file__).parent / "assets" / "smollm2"     # trained here for the default target
@@ -139,8 +139,7 @@ class LLM:
         return self.tokenizer
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
-        tok = self._need_tokenizer()
-        return tok.encode_chat([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
+        return self._need_tokenizer().encode_prompt(prompt, chat)
 
     def generate(self, prompts: str | list[str] | None = None, sampling_params: SamplingParams | None = None,
                  prompt_token_ids: list[list[int]] | None = None, chat: bool = False) -> list[RequestOutput]:
@@ -155,12 +154,4 @@ class LLM:
                 raise RequestError(f"prompt_token_ids[{i}] must be a list of ints")
         outs = self.engine.generate([list(ids) for ids in prompt_token_ids], params)
         decode = self.tokenizer.decode if self.tokenizer is not None else None
-        return [replace(o, text=self._text(o.token_ids, params, decode)) for o in outs]
-
-    @staticmethod
-    def _text(token_ids: list[int], params: SamplingParams, decode) -> str:
-        text = decode(token_ids) if decode is not None else ""
-        for s in params.stop or ():
-            if s in text:
-                text = text[: text.index(s)]
-        return text
+        return [replace(o, text=TextStream(decode, params.stop).text(o.token_ids)) for o in outs]

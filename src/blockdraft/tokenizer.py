@@ -46,6 +46,10 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_prompt(self, text: str, chat: bool = False) -> list[int]:
+        """A prompt's ids: as is, or (chat) as one user message in the chat template."""
+        return self.encode_chat([{"role": "user", "content": text}]) if chat else self.encode(text)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
@@ -83,7 +87,8 @@ class TextStream:
         self.hold = max((len(s) for s in self.stops), default=1) - 1
 
     def text(self, token_ids: list[int]) -> str:
-        text = self.decode(token_ids)
+        """All of `token_ids` as text, cut before the first stop string ("" without a tokenizer: decode None)."""
+        text = self.decode(token_ids) if self.decode is not None else ""
         for s in self.stops:
             if s in text:
                 text = text[: text.index(s)]

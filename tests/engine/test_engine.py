@@ -3,7 +3,6 @@
 import random
 
 import pytest
-import torch
 
 from decode_oracle import generate_one
 from blockdraft.engine.engine import EngineConfig, LLMEngine

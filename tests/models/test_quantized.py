@@ -151,13 +151,12 @@ def test_fused_layer_gives_the_unfused_bits(scheme):
     their PyTorch spelling bit for bit:
     prefill, a multi-row step, batch 2, logits and taps."""
     target = load_target(ASSETS / "target-qwen3", "bfloat16", scheme)
-    weights = [layer.fused for layer in target.layers]
-    assert all(w is not None for w in weights)
+    stack = target.fused
+    assert stack is not None
     ids = torch.randint(0, target.config.vocab_size, (2, 23), generator=torch.Generator().manual_seed(5))
     outs = {}
     for fused in (True, False):
-        for layer, w in zip(target.layers, weights):
-            layer.fused = w if fused else None
+        target.fused = stack if fused else None
         with torch.inference_mode():
             cache = target.new_cache(2, 32)
             first, second = target(ids[:, :17], cache, (1, 3)), target(ids[:, 17:], cache, (1, 3))
@@ -171,13 +170,12 @@ def test_fused_layers_write_and_read_the_paged_pool_in_place():
     """The engine's ragged paged batch: the fused layers write each real row's K/V at its slot (padding
     nowhere) and read the keys through the block tables, with the bits of the PyTorch spelling."""
     target = load_target(ASSETS / "target-qwen3", "bfloat16", "int4")
-    cfg, weights = target.config, [layer.fused for layer in target.layers]
+    cfg, stack = target.config, target.fused
     ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(6))
     tables = pad_tables([[3, 1, 5], [0, 2]])
     outs = {}
     for fused in (True, False):
-        for layer, w in zip(target.layers, weights):
-            layer.fused = w if fused else None
+        target.fused = stack if fused else None
         pool = PagedKVPool(list(range(cfg.num_layers)), 8, 4, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
         with torch.inference_mode():
             first = PagedStep(pool, tables, [0, 0], [9, 6])                     # ragged prefill: row 1 padded

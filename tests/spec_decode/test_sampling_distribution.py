@@ -5,10 +5,7 @@ t1, t2 from 2 drafts, and compare their joint frequencies with the target's exac
 probabilities p(t0) p(t1|t0) p(t2|t0,t1), computed by brute force.
 """
 
-import itertools
-
 import pytest
-import torch
 from scipy.stats import chisquare
 
 from decode_oracle import generate_one

@@ -233,7 +233,6 @@ def test_teacher_forcing_recomputes_the_runtime_taps(dtype):
     """Training taps come from one teacher-forced pass over prompt + response, padded beside a longer
     sequence; the runtime computes them in a prefill and then verify blocks of varying size. In bf16
     (the default numerics) they must be the same bits; fp32 MKL GEMMs are not row-invariant."""
-    from blockdraft.config import Taps
     from blockdraft.loading import load_target
     from blockdraft.train.trainer import TeacherSeq, _joint_taps, _taps_for, teacher_force
 

@@ -15,7 +15,7 @@ and sums in a fixed order, masked keys never read), so its bits do not depend on
 or on masked keys either; it replaces the float64 form of `layers/attention.py` for bf16 on the
 CPU (39 vs 89 us for a one-row SmolLM2 layer at 300 keys).
 
-The quantized target's layers run in C with no Python between them (`decoder_layers`: per layer
+The quantized target's layers run in C with no Python between them (`LayerStack.run`: per layer
 RMSNorm, q/k/v, Qwen3's q/k norms, the rotation, the K/V rows written into the step's cache or paged
 pool in place, attention reading the keys there through the slots, o_proj + residual, RMSNorm,
 gate/up, SwiGLU, down + residual), one call per span between the drafter's taps, with the bits of the
@@ -225,7 +225,7 @@ class LayerTable(ctypes.Structure):
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """A quantized decoder layer as `decoder_layers` reads it: plain tensors gathered once by
+    """A quantized decoder layer as `LayerStack` reads it: plain tensors gathered once by
     `layers/quant.py`, and their pointers (`table`)."""
     norm1: torch.Tensor                   # [H] bf16, before attention
     norm2: torch.Tensor                   # [H] bf16, before the MLP
@@ -249,33 +249,45 @@ class LayerWeights:
         return LayerTable(*(None if t is None else t.data_ptr() for t in tensors))
 
 
-def decoder_layers(ws: list[LayerWeights], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv, first: int,
-                   visible: torch.Tensor | None, isa: str | None = None) -> torch.Tensor:
-    """x [b, t, H] through the quantized layers first .. first + len(ws) - 1 in one call (`bd_layers`), with the
-    bits of their PyTorch spelling over these kernels: each layer writes its new K/V rows and reads its keys
-    where `kv` (a step's `KernelKV`) says, visible where `visible` [b or 1, 1, t, keys] says (None: all).
-    cos/sin [b, 1, t, d] from `Rotary.cos_sin`."""
-    w = ws[0]
-    b, t, H = x.shape
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    n, d = len(ws), w.head_dim
-    cos, sin = cos.expand(b, 1, t, d).contiguous(), sin.expand(b, 1, t, d).contiguous()
-    tables = (LayerTable * n)(*(lw.table for lw in ws))
-    k_pools = (ctypes.c_void_p * n)(*(kv.k[first + i].data_ptr() for i in range(n)))
-    v_pools = (ctypes.c_void_p * n)(*(kv.v[first + i].data_ptr() for i in range(n)))
-    tk = kv.read_slots.shape[1]
-    mask = mask_strides = None
-    if visible is not None:
-        visible = visible.expand(b, 1, t, tk)[:, 0]                                             # [b, t, tk]
-        mask, mask_strides = visible.data_ptr(), (ctypes.c_int64 * 3)(*visible.stride())
-    rc = library().bd_layers(x.data_ptr(), out.data_ptr(), b, t, tables, n, H, w.heads, w.kv_heads, d, w.intermediate,
-                             w.bits, w.eps, d ** -0.5, cos.data_ptr(), sin.data_ptr(), k_pools, v_pools,
-                             kv.write_slots.data_ptr(), kv.read_slots.data_ptr(), tk, kv.slot_stride, kv.head_stride,
-                             mask, mask_strides, ISAS[isa or best_isa()], torch.get_num_threads())
-    if rc != 0:
-        raise MemoryError(f"decoder_layers: no scratch memory for {b * t} rows")
-    return out
+class LayerStack:
+    """A quantized target's decoder layers as `bd_layers` runs them: their weights, and the table of their
+    pointers built once."""
+
+    def __init__(self, layers: list[LayerWeights]):
+        self.layers = layers
+        self.table = (LayerTable * len(layers))(*(w.table for w in layers))
+
+    def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv, visible: torch.Tensor | None,
+            ends: list[int], isa: str | None = None) -> list[torch.Tensor]:
+        """x [b, t, H] through every layer, one `bd_layers` call per span; the hidden state after each layer
+        in `ends` (ascending, the last layer last), with the bits of the layers' PyTorch spelling over these
+        kernels. Each layer writes its new K/V rows and reads its keys where `kv` (a step's `KernelKV`)
+        says, visible where `visible` [b or 1, 1, t, keys] says (None: all). cos/sin [b, 1, t, d]."""
+        w, n = self.layers[0], len(self.layers)
+        b, t, H = x.shape
+        d, tk = w.head_dim, kv.read_slots.shape[1]
+        cos, sin = cos.expand(b, 1, t, d).contiguous(), sin.expand(b, 1, t, d).contiguous()
+        k_pools = (ctypes.c_void_p * n)(*(kv.k[i].data_ptr() for i in range(n)))
+        v_pools = (ctypes.c_void_p * n)(*(kv.v[i].data_ptr() for i in range(n)))
+        mask = mask_strides = None
+        if visible is not None:
+            visible = visible.expand(b, 1, t, tk)[:, 0]                                             # [b, t, tk]
+            mask, mask_strides = visible.data_ptr(), (ctypes.c_int64 * 3)(*visible.stride())
+        table, row, ptr = ctypes.addressof(self.table), ctypes.sizeof(LayerTable), ctypes.sizeof(ctypes.c_void_p)
+        args = (H, w.heads, w.kv_heads, d, w.intermediate, w.bits, w.eps, d ** -0.5, cos.data_ptr(), sin.data_ptr())
+        lib, code, threads = library(), ISAS[isa or best_isa()], torch.get_num_threads()
+        outs, first, x = [], 0, x.contiguous()
+        for end in ends:
+            out = torch.empty_like(x)
+            rc = lib.bd_layers(x.data_ptr(), out.data_ptr(), b, t, table + first * row, end + 1 - first, *args,
+                               ctypes.addressof(k_pools) + first * ptr, ctypes.addressof(v_pools) + first * ptr,
+                               kv.write_slots.data_ptr(), kv.read_slots.data_ptr(), tk, kv.slot_stride,
+                               kv.head_stride, mask, mask_strides, code, threads)
+            if rc != 0:
+                raise MemoryError(f"decoder layers: no scratch memory for {b * t} rows")
+            outs.append(out)
+            x, first = out, end + 1
+        return outs
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, isa: str | None = None) -> torch.Tensor | None:

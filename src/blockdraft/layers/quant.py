@@ -172,7 +172,8 @@ def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) ->
         attn.o_proj = QuantizedLinear(attn.o_proj.weight, attn.o_proj.bias, scheme, kernel)
         mlp.gate_up_proj = _fused(mlp, ("gate_proj", "up_proj"), scheme, kernel)
         mlp.down_proj = QuantizedLinear(mlp.down_proj.weight, mlp.down_proj.bias, scheme, kernel)
-        layer.fused = _fused_layer(layer)
+    fused = [_fused_layer(layer) for layer in model.layers]
+    model.fused = kernels.LayerStack(fused) if None not in fused else None
     # the LM head stays at 8 bits, in groups of 32: the precision 4-bit GGUFs keep it at (the default
     # model's tied embedding / head is Q8_0)
     head = "int8_g32" if model.lm_head.weight.shape[1] % INT4_GROUP == 0 else "int8"
@@ -183,7 +184,7 @@ def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) ->
 
 
 def _fused_layer(layer: nn.Module) -> kernels.LayerWeights | None:
-    """The layer's weights for `cpu_kernels.decoder_layers`, where its kernels take the whole layer."""
+    """The layer's weights for `cpu_kernels.LayerStack`, where its kernels take the whole layer."""
     attn, mlp = layer.self_attn, layer.mlp
     projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     norms = (layer.input_layernorm, layer.post_attention_layernorm, *([attn.q_norm, attn.k_norm] if attn.qk_norm else []))

@@ -89,7 +89,6 @@ class DecoderLayer(DirectCall):
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.fused: kernels.LayerWeights | None = None   # set by `layers/quant.py` where the CPU kernels take the layer
 
     def forward(self, x, cos, sin, step, layer):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, step, layer)
@@ -112,6 +111,7 @@ class TargetModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = StableLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.rope, cfg.head_dim)
+        self.fused: kernels.LayerStack | None = None   # set by `layers/quant.py` where the CPU kernels take every layer
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -148,15 +148,11 @@ class TargetModel(nn.Module):
         x = self.embed_tokens(input_ids)
         taps = {}
         last = len(self.layers) - 1
-        fused = [layer.fused for layer in self.layers]
-        kv = step.kernel_kv() if None not in fused and hasattr(step, "kernel_kv") else None
+        kv = step.kernel_kv() if self.fused is not None and hasattr(step, "kernel_kv") else None
         if kv is not None:         # quantized on the CPU: the layers between taps in one kernel call each
-            first = 0
-            for i in sorted({*[i for i in tap_layers if i < last], last}):
-                x = kernels.decoder_layers(fused[first:i + 1], x, cos, sin, kv, first, step.visible)
-                if i in tap_layers:
-                    taps[i] = x
-                first = i + 1
+            ends = sorted({*[i for i in tap_layers if i < last], last})
+            outs = self.fused.run(x, cos, sin, kv, step.visible, ends)
+            taps, x = {i: y for i, y in zip(ends, outs) if i in tap_layers}, outs[-1]
         else:
             for i, layer in enumerate(self.layers):
                 x = layer(x, cos, sin, step, i)

@@ -110,7 +110,7 @@ def build_app(llm: LLM, model_name: str = "blockdraft", api_key: str | None = No
             prompt_ids = tok.encode(prompt) if isinstance(prompt, str) else prompt
         stream = await admit(prompt_ids, params)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        text = TextStream(tok.decode if tok else (lambda ids: ""), params.stop)
+        text = TextStream(tok.decode if tok else None, params.stop)
         created = int(time.time())
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
