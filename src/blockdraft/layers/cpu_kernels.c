@@ -798,11 +798,13 @@ typedef struct {
     const uint16_t *qkv_s, *o_s, *gate_up_s, *down_s;
 } LayerPtrs;
 
-/* x_in [b*t, H] through n layers -> x [b*t, H]. Layer l writes its new K/V rows into k_pools[l] /
+/* x_in [b*t, H] through n layers -> x [b*t, H], and a copy of the hidden state after each layer taps[i] in
+ * tap_out[i] (i < n_taps; the drafter's taps). Layer l writes its new K/V rows into k_pools[l] /
  * v_pools[l] at write_slots [b*t] and attends to the keys at read_slots [b, tk] (both as KvWrite and
  * KvRead spell them, with slot_stride and head_stride), visible where vis (strides (batch, query row,
  * key)) says. cos, sin [b, t, d]; scale the attention's. Returns 0, or < 0 as the kernels above. */
-int bd_layers(const uint16_t *x_in, uint16_t *x, int b, int t, const LayerPtrs *layers, int n, int H, int h,
+int bd_layers(const uint16_t *x_in, uint16_t *x, const int *taps, uint16_t *const *tap_out, int n_taps, int b, int t,
+              const LayerPtrs *layers, int n, int H, int h,
               int hkv, int d, int I, int bits, float eps, float scale, const uint16_t *cos, const uint16_t *sin,
               uint16_t *const *k_pools, uint16_t *const *v_pools, const int64_t *write_slots,
               const int64_t *read_slots, int tk, int64_t slot_stride, int64_t head_stride, const uint8_t *vis,
@@ -832,6 +834,8 @@ int bd_layers(const uint16_t *x_in, uint16_t *x, int b, int t, const LayerPtrs *
             bd_swiglu(gu, 2 * I, gu + I, 2 * I, (int)rows, I, act, isa);
             rc = bd_qgemm(act, (int)rows, I, L->down, L->down_s, H, bits, x, x1, isa, threads);
         }
+        for (int i = 0; i < n_taps; i++)
+            if (taps[i] == l) memcpy(tap_out[i], x, 2 * rows * H);
     }
     free(scratch);
     return rc;

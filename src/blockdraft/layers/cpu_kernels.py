@@ -18,7 +18,7 @@ CPU (39 vs 89 us for a one-row SmolLM2 layer at 300 keys).
 The quantized target's layers run in C with no Python between them (`LayerStack.run`: per layer
 RMSNorm, q/k/v, Qwen3's q/k norms, the rotation, the K/V rows written into the step's cache or paged
 pool in place, attention reading the keys there through the slots, o_proj + residual, RMSNorm,
-gate/up, SwiGLU, down + residual), one call per span between the drafter's taps, with the bits of the
+gate/up, SwiGLU, down + residual), one call per step with the drafter's taps copied out, with the bits of the
 layers' PyTorch spelling over the same kernels (tested, cache and paged pool). Since SiLU needs an exp,
 the PyTorch spelling calls this module's `swiglu` too for bf16 inference. One-row int4 SmolLM2 step:
 20.5 ms in PyTorch dispatches -> 16.0 in three calls a layer -> 14.2 with the weights gathered once
@@ -92,8 +92,8 @@ def library() -> ctypes.CDLL | None:
                               ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     lib.bd_layers.restype = ctypes.c_int
-    lib.bd_layers.argtypes = [ptr, ptr, i32, i32, ptr, i32, i32, i32, i32, i32, i32, i32, f32, f32, ptr, ptr, ptr, ptr,
-                              ptr, ptr, i32, i64, i64, ptr, ptr, i32, i32]
+    lib.bd_layers.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, ptr, i32, i32, i32, i32, i32, i32, i32, f32, f32, ptr,
+                              ptr, ptr, ptr, ptr, ptr, i32, i64, i64, ptr, ptr, i32, i32]
     lib.bd_swiglu.restype = None
     lib.bd_swiglu.argtypes = [ptr, i64, ptr, i64, i32, i32, ptr, i32]
     lib.bd_rmsnorm.restype = None
@@ -258,36 +258,34 @@ class LayerStack:
         self.table = (LayerTable * len(layers))(*(w.table for w in layers))
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv, visible: torch.Tensor | None,
-            ends: list[int], isa: str | None = None) -> list[torch.Tensor]:
-        """x [b, t, H] through every layer, one `bd_layers` call per span; the hidden state after each layer
-        in `ends` (ascending, the last layer last), with the bits of the layers' PyTorch spelling over these
-        kernels. Each layer writes its new K/V rows and reads its keys where `kv` (a step's `KernelKV`)
-        says, visible where `visible` [b or 1, 1, t, keys] says (None: all). cos/sin [b, 1, t, d]."""
+            taps: list[int] = (), isa: str | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """x [b, t, H] through every layer in one `bd_layers` call -> (the last layer's output, the hidden state
+        after each layer in `taps`), with the bits of the layers' PyTorch spelling over these kernels. Each
+        layer writes its new K/V rows and reads its keys where `kv` (a step's `KernelKV`) says, visible where
+        `visible` [b or 1, 1, t, keys] says (None: all). cos/sin [b, 1, t, d]."""
         w, n = self.layers[0], len(self.layers)
+        if any(not 0 <= i < n for i in taps):
+            raise ValueError(f"tap layers {list(taps)}: the model has layers 0..{n - 1}")
         b, t, H = x.shape
         d, tk = w.head_dim, kv.read_slots.shape[1]
+        x = x.contiguous()
         cos, sin = cos.expand(b, 1, t, d).contiguous(), sin.expand(b, 1, t, d).contiguous()
-        k_pools = (ctypes.c_void_p * n)(*(kv.k[i].data_ptr() for i in range(n)))
-        v_pools = (ctypes.c_void_p * n)(*(kv.v[i].data_ptr() for i in range(n)))
+        out, tapped = torch.empty_like(x), [torch.empty_like(x) for _ in taps]
         mask = mask_strides = None
         if visible is not None:
             visible = visible.expand(b, 1, t, tk)[:, 0]                                             # [b, t, tk]
             mask, mask_strides = visible.data_ptr(), (ctypes.c_int64 * 3)(*visible.stride())
-        table, row, ptr = ctypes.addressof(self.table), ctypes.sizeof(LayerTable), ctypes.sizeof(ctypes.c_void_p)
-        args = (H, w.heads, w.kv_heads, d, w.intermediate, w.bits, w.eps, d ** -0.5, cos.data_ptr(), sin.data_ptr())
-        lib, code, threads = library(), ISAS[isa or best_isa()], torch.get_num_threads()
-        outs, first, x = [], 0, x.contiguous()
-        for end in ends:
-            out = torch.empty_like(x)
-            rc = lib.bd_layers(x.data_ptr(), out.data_ptr(), b, t, table + first * row, end + 1 - first, *args,
-                               ctypes.addressof(k_pools) + first * ptr, ctypes.addressof(v_pools) + first * ptr,
-                               kv.write_slots.data_ptr(), kv.read_slots.data_ptr(), tk, kv.slot_stride,
-                               kv.head_stride, mask, mask_strides, code, threads)
-            if rc != 0:
-                raise MemoryError(f"decoder layers: no scratch memory for {b * t} rows")
-            outs.append(out)
-            x, first = out, end + 1
-        return outs
+        rc = library().bd_layers(
+            x.data_ptr(), out.data_ptr(), (ctypes.c_int * len(taps))(*taps),
+            (ctypes.c_void_p * len(taps))(*(y.data_ptr() for y in tapped)), len(taps), b, t, self.table, n, H,
+            w.heads, w.kv_heads, d, w.intermediate, w.bits, w.eps, d ** -0.5, cos.data_ptr(), sin.data_ptr(),
+            (ctypes.c_void_p * n)(*(kv.k[i].data_ptr() for i in range(n))),
+            (ctypes.c_void_p * n)(*(kv.v[i].data_ptr() for i in range(n))), kv.write_slots.data_ptr(),
+            kv.read_slots.data_ptr(), tk, kv.slot_stride, kv.head_stride, mask, mask_strides, ISAS[isa or best_isa()],
+            torch.get_num_threads())
+        if rc != 0:
+            raise MemoryError(f"decoder layers: no scratch memory for {b * t} rows")
+        return out, tapped
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, isa: str | None = None) -> torch.Tensor | None:

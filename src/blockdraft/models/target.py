@@ -149,10 +149,9 @@ class TargetModel(nn.Module):
         taps = {}
         last = len(self.layers) - 1
         kv = step.kernel_kv() if self.fused is not None and hasattr(step, "kernel_kv") else None
-        if kv is not None:         # quantized on the CPU: the layers between taps in one kernel call each
-            ends = sorted({*[i for i in tap_layers if i < last], last})
-            outs = self.fused.run(x, cos, sin, kv, step.visible, ends)
-            taps, x = {i: y for i, y in zip(ends, outs) if i in tap_layers}, outs[-1]
+        if kv is not None:         # quantized on the CPU: every layer in one kernel call
+            x, tapped = self.fused.run(x, cos, sin, kv, step.visible, list(tap_layers))
+            taps = dict(zip(tap_layers, tapped))
         else:
             for i, layer in enumerate(self.layers):
                 x = layer(x, cos, sin, step, i)
