@@ -28,7 +28,7 @@ class ContextRead:
 
 @dataclass(frozen=True)
 class KernelKV:
-    """Where one step's fused CPU layers (`cpu_kernels.decoder_layers`) write and read K/V in place: layer
+    """Where one step's fused CPU layers (`cpu_kernels.LayerStack.run`) write and read K/V in place: layer
     i's buffers k[i], v[i]; new row r (of b*t) goes to slot write_slots[r] (-1: padding, not written) and
     batch row j reads its keys from slots read_slots[j]; a (slot, kv head) row starts at element
     slot * slot_stride + head * head_stride."""

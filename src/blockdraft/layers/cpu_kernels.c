@@ -721,7 +721,8 @@ static void swiglu_avx2(const uint16_t *g, const uint16_t *u, int n, uint16_t *a
         __m256 x = load8_bf16(g + i);
         __m256 s = round8_bf16(_mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x)))));
         __m256i y = _mm256_srli_epi32(_mm256_castps_si256(round8_bf16(_mm256_mul_ps(s, load8_bf16(u + i)))), 16);
-        _mm_storeu_si128((__m128i *)(act + i), _mm_packus_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1)));
+        __m128i lo = _mm256_castsi256_si128(y), hi = _mm256_extracti128_si256(y, 1);
+        _mm_storeu_si128((__m128i *)(act + i), _mm_packus_epi32(lo, hi));
     }
     for (; i < n; i++) act[i] = swiglu1(g[i], u[i]);
 }
@@ -803,10 +804,10 @@ typedef struct {
  * v_pools[l] at write_slots [b*t] and attends to the keys at read_slots [b, tk] (both as KvWrite and
  * KvRead spell them, with slot_stride and head_stride), visible where vis (strides (batch, query row,
  * key)) says. cos, sin [b, t, d]; scale the attention's. Returns 0, or < 0 as the kernels above. */
-int bd_layers(const uint16_t *x_in, uint16_t *x, const int *taps, uint16_t *const *tap_out, int n_taps, int b, int t,
-              const LayerPtrs *layers, int n, int H, int h,
-              int hkv, int d, int I, int bits, float eps, float scale, const uint16_t *cos, const uint16_t *sin,
-              uint16_t *const *k_pools, uint16_t *const *v_pools, const int64_t *write_slots,
+int bd_layers(const uint16_t *x_in, uint16_t *x, const int *taps, uint16_t *const *tap_out, int n_taps, int b,
+              int t, const LayerPtrs *layers, int n, int H, int h, int hkv, int d, int I, int bits, float eps,
+              float scale, const uint16_t *cos, const uint16_t *sin, uint16_t *const *k_pools,
+              uint16_t *const *v_pools, const int64_t *write_slots,
               const int64_t *read_slots, int tk, int64_t slot_stride, int64_t head_stride, const uint8_t *vis,
               const int64_t *vis_strides, int isa, int threads) {
     size_t rows = (size_t)b * t, N = (size_t)(h + 2 * hkv) * d, hd = (size_t)h * d;

@@ -15,14 +15,14 @@ and sums in a fixed order, masked keys never read), so its bits do not depend on
 or on masked keys either; it replaces the float64 form of `layers/attention.py` for bf16 on the
 CPU (39 vs 89 us for a one-row SmolLM2 layer at 300 keys).
 
-The quantized target's layers run in C with no Python between them (`LayerStack.run`: per layer
-RMSNorm, q/k/v, Qwen3's q/k norms, the rotation, the K/V rows written into the step's cache or paged
-pool in place, attention reading the keys there through the slots, o_proj + residual, RMSNorm,
-gate/up, SwiGLU, down + residual), one call per step with the drafter's taps copied out, with the bits of the
-layers' PyTorch spelling over the same kernels (tested, cache and paged pool). Since SiLU needs an exp,
-the PyTorch spelling calls this module's `swiglu` too for bf16 inference. One-row int4 SmolLM2 step:
-20.5 ms in PyTorch dispatches -> 16.0 in three calls a layer -> 14.2 with the weights gathered once
-(2-core AVX2 EPYC); three calls a layer -> one call a span: ~12 -> ~9 ms (AVX512 EPYC).
+The quantized target's layers run in C with no Python between them (`LayerStack.run`, one call a
+step: per layer RMSNorm, q/k/v, Qwen3's q/k norms, the rotation, the K/V rows written into the step's
+cache or paged pool in place, attention reading the keys there through the slots, o_proj + residual,
+RMSNorm, gate/up, SwiGLU, down + residual; the drafter's taps copied out), with the bits of the
+layers' PyTorch spelling over the same kernels (tested, cache and paged pool). Since SiLU needs an
+exp, the PyTorch spelling calls this module's `swiglu` too for bf16 inference. One-row int4 SmolLM2
+step: 20.5 ms in PyTorch dispatches -> 16.0 in three calls a layer -> 14.2 with the weights gathered
+once (2-core AVX2 EPYC); three calls a layer -> one call a step: ~12 -> ~9 ms (AVX512 EPYC).
 On AVX2, 4-bit products are summed in 16 bits over 32 inputs before widening (no overflow: 8 pair
 sums of at most 2*15*128), which measured 1.2x faster than widening each one, the same integers.
 
