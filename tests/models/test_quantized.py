@@ -146,8 +146,8 @@ def test_bad_quantization_is_named():
 @pytest.mark.skipif(not kernels.available(), reason="no C compiler: the layers run unfused")
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 def test_fused_layer_gives_the_unfused_bits(scheme):
-    """The quantized layers in one kernel call per span between taps (norms, q/k/v with Qwen3's q/k norms and
-    the rotation, the cache write, attention, o_proj + residual, gate/up, SwiGLU, down + residual) equal
+    """The quantized layers in one kernel call a step (norms, q/k/v with Qwen3's q/k norms and the rotation,
+    the cache write, attention, o_proj + residual, gate/up, SwiGLU, down + residual; taps copied out) equal
     their PyTorch spelling bit for bit:
     prefill, a multi-row step, batch 2, logits and taps."""
     target = load_target(ASSETS / "target-qwen3", "bfloat16", scheme)

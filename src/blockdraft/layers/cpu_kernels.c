@@ -648,8 +648,14 @@ static int attend(const uint16_t *q, int b, int h, int tq, int d, KvRead kv, int
             int n = 0;
             for (int j = 0; j < tk; j++) {
                 if (seen && !seen[j * st]) continue;
-                koff[n] = kv.slots ? kv.slots[(int64_t)bi * tk + j] * kv.kst[2] : bi * kv.kst[0] + j * kv.kst[2];
-                voff[n++] = kv.slots ? kv.slots[(int64_t)bi * tk + j] * kv.vst[2] : bi * kv.vst[0] + j * kv.vst[2];
+                if (kv.slots) {
+                    int64_t slot = kv.slots[(int64_t)bi * tk + j];
+                    koff[n] = slot * kv.kst[2];
+                    voff[n++] = slot * kv.vst[2];
+                } else {
+                    koff[n] = bi * kv.kst[0] + j * kv.kst[2];
+                    voff[n++] = bi * kv.vst[0] + j * kv.vst[2];
+                }
             }
             const uint16_t *kb = kv.k + kvh * kv.kst[1], *vb = kv.v + kvh * kv.vst[1];
             memset(acc, 0, sizeof(float) * groups * (d + 1));

@@ -205,17 +205,23 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
 
 
 def _keys_and_mask(k, v, visible, b: int, tq: int):
-    """k, v with the head dimension contiguous, their (batch, head, key) strides, and the mask's
-    [b, tq, tk] pointer and strides (None where everything is visible), as `bd_attend` takes them."""
+    """k, v with the head dimension contiguous, their (batch, head, key) strides, and the mask as `_mask`
+    gives it, as `bd_attend` takes them."""
     if k.stride(-1) != 1:
         k = k.contiguous()
     if v.stride(-1) != 1:
         v = v.contiguous()
     strides = (ctypes.c_int64 * 6)(*k.stride()[:3], *v.stride()[:3])
+    return k, v, strides, *_mask(visible, b, tq, k.shape[2])
+
+
+def _mask(visible: torch.Tensor | None, b: int, tq: int, tk: int):
+    """visible [b or 1, 1, tq, tk] -> its [b, tq, tk] pointer and strides, as the kernels take them
+    (None, None where everything is visible). The caller keeps `visible` alive across the call."""
     if visible is None:
-        return k, v, strides, None, None
-    visible = visible.expand(b, 1, tq, k.shape[2])[:, 0]                              # [b, tq, tk] (a view)
-    return k, v, strides, visible.data_ptr(), (ctypes.c_int64 * 3)(*visible.stride())
+        return None, None
+    visible = visible.expand(b, 1, tq, tk)[:, 0]                                        # [b, tq, tk] (a view)
+    return visible.data_ptr(), (ctypes.c_int64 * 3)(*visible.stride())
 
 
 class LayerTable(ctypes.Structure):
@@ -272,10 +278,7 @@ class LayerStack:
         x = x.contiguous()
         cos, sin = cos.expand(b, 1, t, d).contiguous(), sin.expand(b, 1, t, d).contiguous()
         out, tapped = torch.empty_like(x), [torch.empty_like(x) for _ in taps]
-        mask = mask_strides = None
-        if visible is not None:
-            visible = visible.expand(b, 1, t, tk)[:, 0]                                             # [b, t, tk]
-            mask, mask_strides = visible.data_ptr(), (ctypes.c_int64 * 3)(*visible.stride())
+        mask, mask_strides = _mask(visible, b, t, tk)
         rc = library().bd_layers(
             x.data_ptr(), out.data_ptr(), (ctypes.c_int * len(taps))(*taps),
             (ctypes.c_void_p * len(taps))(*(y.data_ptr() for y in tapped)), len(taps), b, t, self.table, n, H,
