@@ -471,11 +471,19 @@ static __m256 exp8(__m256 x) {
 }
 
 __attribute__((target("avx2,fma")))
-static __m256 round8_bf16(__m256 x) {              /* to the nearest bf16, ties to even (finite x) */
+static __m256 round8_bf16(__m256 x) {              /* to the nearest bf16, ties to even; NaN as f32_to_bf16 */
     __m256i u = _mm256_castps_si256(x);
     __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
-    return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xffff0000u)));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)),
+                           _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+    return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+__attribute__((target("avx2,fma")))
+static inline void store8_bf16(uint16_t *p, __m256 x) {     /* x rounded to bf16, stored as 8 bf16 */
+    __m256i y = _mm256_srli_epi32(_mm256_castps_si256(round8_bf16(x)), 16);
+    _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1)));
 }
 
 /* scores[0..n) -> exp((score - peak) * scale) rounded to bf16 (the weights SDPA and HF's eager attention
@@ -691,22 +699,40 @@ int bd_attend(const uint16_t *q, int b, int h, int tq, int d, const uint16_t *k,
 /* ---- RMSNorm for inference on the CPU: out = w * bf16(x * 1/sqrt(mean(x^2) + eps)) ----
  * As Llama / Qwen3 define it (statistics in fp32, the weight applied after the cast back, the product
  * rounded to bf16); the sum of squares in 16 fp32 lanes of fma folded in a fixed tree, one row at a
- * time: its bits do not depend on the other rows. x, w, out bf16; d % 16 == 0. */
-void bd_rmsnorm(const uint16_t *x, int rows, int d, const uint16_t *w, float eps, uint16_t *out) {
-    for (int r = 0; r < rows; r++) {
-        const uint16_t *xr = x + (size_t)r * d;
-        float part[LANES] = {0};
-        for (int t = 0; t < d; t += LANES)
-            for (int l = 0; l < LANES; l++) {
-                float v = bf16_to_f32(xr[t + l]);
-                part[l] = fmaf(v, v, part[l]);
-            }
-        float inv = 1.0f / sqrtf(fold16(part) / (float)d + eps);
-        uint16_t *o = out + (size_t)r * d;
-        for (int i = 0; i < d; i++) {
-            float y = bf16_to_f32(f32_to_bf16(bf16_to_f32(xr[i]) * inv));
-            o[i] = f32_to_bf16(bf16_to_f32(w[i]) * y);
+ * time: its bits do not depend on the other rows (nor on the instruction set). x, w, out bf16; d % 16 == 0. */
+static void rmsnorm_row(const uint16_t *xr, int d, const uint16_t *w, float eps, uint16_t *o) {
+    float part[LANES] = {0};
+    for (int t = 0; t < d; t += LANES)
+        for (int l = 0; l < LANES; l++) {
+            float v = bf16_to_f32(xr[t + l]);
+            part[l] = fmaf(v, v, part[l]);
         }
+    float inv = 1.0f / sqrtf(fold16(part) / (float)d + eps);
+    for (int i = 0; i < d; i++) {
+        float y = bf16_to_f32(f32_to_bf16(bf16_to_f32(xr[i]) * inv));
+        o[i] = f32_to_bf16(bf16_to_f32(w[i]) * y);
+    }
+}
+
+__attribute__((target("avx2,fma")))
+static void rmsnorm_row_avx2(const uint16_t *xr, int d, const uint16_t *w, float eps, uint16_t *o) {
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();      /* part[0..8) and part[8..16) */
+    for (int t = 0; t < d; t += LANES) {
+        __m256 a = load8_bf16(xr + t), b = load8_bf16(xr + t + 8);
+        lo = _mm256_fmadd_ps(a, a, lo);
+        hi = _mm256_fmadd_ps(b, b, hi);
+    }
+    __m256 inv = _mm256_set1_ps(1.0f / sqrtf(fold8(_mm256_add_ps(lo, hi)) / (float)d + eps));
+    for (int i = 0; i < d; i += 8) {
+        __m256 y = round8_bf16(_mm256_mul_ps(load8_bf16(xr + i), inv));
+        store8_bf16(o + i, _mm256_mul_ps(load8_bf16(w + i), y));
+    }
+}
+
+void bd_rmsnorm(const uint16_t *x, int rows, int d, const uint16_t *w, float eps, uint16_t *out, int isa) {
+    for (int r = 0; r < rows; r++) {
+        if (isa != ISA_PORTABLE) rmsnorm_row_avx2(x + (size_t)r * d, d, w, eps, out + (size_t)r * d);
+        else rmsnorm_row(x + (size_t)r * d, d, w, eps, out + (size_t)r * d);
     }
 }
 
@@ -726,9 +752,7 @@ static void swiglu_avx2(const uint16_t *g, const uint16_t *u, int n, uint16_t *a
     for (; i + 8 <= n; i += 8) {
         __m256 x = load8_bf16(g + i);
         __m256 s = round8_bf16(_mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x)))));
-        __m256i y = _mm256_srli_epi32(_mm256_castps_si256(round8_bf16(_mm256_mul_ps(s, load8_bf16(u + i)))), 16);
-        __m128i lo = _mm256_castsi256_si128(y), hi = _mm256_extracti128_si256(y, 1);
-        _mm_storeu_si128((__m128i *)(act + i), _mm_packus_epi32(lo, hi));
+        store8_bf16(act + i, _mm256_mul_ps(s, load8_bf16(u + i)));
     }
     for (; i < n; i++) act[i] = swiglu1(g[i], u[i]);
 }
@@ -758,6 +782,25 @@ typedef struct {
     int64_t stride, head_stride;
 } KvWrite;
 
+/* The NeoX rotation of one head: dst = bf16(bf16(x * cos) + bf16(roll(x, d/2) * sin)), each product exact in
+ * fp32 and rounded once, as PyTorch's bf16 ops round them; the two spellings give the same bits. */
+static void rotate(const uint16_t *x, const uint16_t *c, const uint16_t *sn, int d, uint16_t *dst) {
+    for (int i = 0; i < d; i++) {
+        uint16_t a = f32_to_bf16(bf16_to_f32(x[i]) * bf16_to_f32(c[i]));
+        uint16_t rot = f32_to_bf16(bf16_to_f32(x[(i + d / 2) % d]) * bf16_to_f32(sn[i]));
+        dst[i] = f32_to_bf16(bf16_to_f32(a) + bf16_to_f32(rot));
+    }
+}
+
+__attribute__((target("avx2,fma")))
+static void rotate_avx2(const uint16_t *x, const uint16_t *c, const uint16_t *sn, int d, uint16_t *dst) {
+    for (int i = 0; i < d; i += 8) {          /* d % 16 == 0: 8 lanes never straddle the half */
+        __m256 a = round8_bf16(_mm256_mul_ps(load8_bf16(x + i), load8_bf16(c + i)));
+        __m256 rot = round8_bf16(_mm256_mul_ps(load8_bf16(x + (i + d / 2) % d), load8_bf16(sn + i)));
+        store8_bf16(dst + i, _mm256_add_ps(a, rot));
+    }
+}
+
 /* x [b*t, H] -> q [b, h, t, d] and the new K/V rows where `kw` says: RMSNorm, the fused q/k/v projection,
  * Qwen3's per-head RMSNorm of q and k where qn_w and kn_w are given, then the rotation of q and k by
  * cos, sin [b, t, d] (sin's first half negated, as Rotary.cos_sin gives it). normed [b*t, H] and
@@ -767,7 +810,7 @@ static int attn_in(const uint16_t *x, int b, int t, int H, const uint16_t *norm_
                    const uint16_t *kn_w, const uint16_t *cos, const uint16_t *sin, uint16_t *q, KvWrite kw,
                    uint16_t *normed, uint16_t *proj, int isa, int threads) {
     int rows = b * t, heads = h + 2 * hkv, N = heads * d;
-    bd_rmsnorm(x, rows, H, norm_w, eps, normed);
+    bd_rmsnorm(x, rows, H, norm_w, eps, normed, isa);
     int rc = bd_qgemm(normed, rows, H, w, scales, N, bits, proj, NULL, isa, threads);
     for (int r = 0; r < rows && rc == 0; r++) {
         int bi = r / t, ti = r % t;
@@ -785,14 +828,11 @@ static int attn_in(const uint16_t *x, int b, int t, int H, const uint16_t *norm_
             }
             uint16_t normed_head[256];
             if (qn_w) {
-                bd_rmsnorm(src, 1, d, hd < h ? qn_w : kn_w, eps, normed_head);
+                bd_rmsnorm(src, 1, d, hd < h ? qn_w : kn_w, eps, normed_head, isa);
                 src = normed_head;
             }
-            for (int i = 0; i < d; i++) {
-                uint16_t a = f32_to_bf16(bf16_to_f32(src[i]) * bf16_to_f32(c[i]));          /* exact product, one rounding */
-                uint16_t rot = f32_to_bf16(bf16_to_f32(src[(i + d / 2) % d]) * bf16_to_f32(sn[i]));
-                dst[i] = f32_to_bf16(bf16_to_f32(a) + bf16_to_f32(rot));
-            }
+            if (isa != ISA_PORTABLE) rotate_avx2(src, c, sn, d, dst);
+            else rotate(src, c, sn, d, dst);
         }
     }
     return rc;
@@ -834,7 +874,7 @@ int bd_layers(const uint16_t *x_in, uint16_t *x, const int *taps, uint16_t *cons
         if (rc == 0) rc = attend(q, b, h, t, d, kr, hkv, tk, vis, vis_strides, scale, heads, isa, threads);
         if (rc == 0) rc = bd_qgemm(heads, (int)rows, (int)hd, L->o, L->o_s, H, bits, x1, x, isa, threads);
         if (rc == 0) {
-            bd_rmsnorm(x1, (int)rows, H, L->norm2, eps, normed);
+            bd_rmsnorm(x1, (int)rows, H, L->norm2, eps, normed, isa);
             rc = bd_qgemm(normed, (int)rows, H, L->gate_up, L->gate_up_s, 2 * I, bits, gu, NULL, isa, threads);
         }
         if (rc == 0) {

@@ -98,8 +98,7 @@ def library() -> ctypes.CDLL | None:
     lib.bd_swiglu.restype = None
     lib.bd_swiglu.argtypes = [ptr, i64, ptr, i64, i32, i32, ptr, i32]
     lib.bd_rmsnorm.restype = None
-    lib.bd_rmsnorm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_float,
-                               ctypes.c_void_p]
+    lib.bd_rmsnorm.argtypes = [ptr, i32, i32, ptr, f32, ptr, i32]
     return lib
 
 
@@ -310,7 +309,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, isa: str | None = None) -> torc
     return act.view(gate.shape)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, isa: str | None = None) -> torch.Tensor | None:
     """RMSNorm of bf16 rows on the CPU (`bd_rmsnorm`), or None where it does not apply (another dtype
     or device, a width not a multiple of 16, autograd recording, no kernel)."""
     d = x.shape[-1]
@@ -319,5 +318,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
         return None
     x = x.contiguous()
     out = torch.empty_like(x)
-    library().bd_rmsnorm(x.data_ptr(), x.numel() // d, d, weight.data_ptr(), eps, out.data_ptr())
+    library().bd_rmsnorm(x.data_ptr(), x.numel() // d, d, weight.data_ptr(), eps, out.data_ptr(),
+                         ISAS[isa or best_isa()])
     return out
