@@ -416,10 +416,7 @@ int bd_qgemm(const uint16_t *x, int rows, int K, const uint8_t *w, const uint16_
  * in key order. Masked keys are never read, and every row is computed on its own by the same
  * operations: its bits do not depend on the other rows, the batch, or how many masked keys follow
  * (nor on the instruction set: the AVX2 and portable spellings give the same bits; AVX512 machines run
- * the AVX2 one, which measured within 15% of an AVX512 spelling). The AVX2 spelling takes a chunk of a
- * sequence's query rows at a time and converts each key and value to fp32 once for all of them; its score
- * and sum FMAs run at this CPU's FMA throughput (a 9-row SmolLM2 layer at 300 keys: ~150 us, 13% less
- * than one row at a time; one row as before). */
+ * the AVX2 one, which measured within 15% of an AVX512 spelling). */
 
 #define LANES 16
 
@@ -489,6 +486,56 @@ static inline void store8_bf16(uint16_t *p, __m256 x) {     /* x rounded to bf16
     _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1)));
 }
 
+/* scores[0..n) -> exp((score - peak) * scale) rounded to bf16 (the weights SDPA and HF's eager attention
+ * multiply the values by), in whole vectors of 16, lanes accumulating the sum;
+ * returns how many it did (the caller finishes the rest one by one, the same way). */
+__attribute__((target("avx2,fma")))
+static int probs_avx2(float *scores, int n, float peak, float scale, float lanes[LANES]) {
+    __m256 pk = _mm256_set1_ps(peak), sc = _mm256_set1_ps(scale);
+    __m256 lo = _mm256_loadu_ps(lanes), hi = _mm256_loadu_ps(lanes + 8);
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        __m256 a = round8_bf16(exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + i), pk), sc)));
+        __m256 b = round8_bf16(exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + i + 8), pk), sc)));
+        _mm256_storeu_ps(scores + i, a);
+        _mm256_storeu_ps(scores + i + 8, b);
+        lo = _mm256_add_ps(lo, a);
+        hi = _mm256_add_ps(hi, b);
+    }
+    _mm256_storeu_ps(lanes, lo);
+    _mm256_storeu_ps(lanes + 8, hi);
+    return i;
+}
+
+/* scores[0..n) (visible keys, in key order) -> their probabilities; *denom their 16-lane sum, folded. */
+static void exps(float *scores, int n, float peak, float scale, float *denom, int isa) {
+    int i = 0;
+    float lanes[LANES] = {0};
+    if (isa != ISA_PORTABLE && peak > -INFINITY) i = probs_avx2(scores, n, peak, scale, lanes);
+    for (; i < n; i++) {
+        scores[i] = peak > -INFINITY ? bf16_to_f32(f32_to_bf16(exp_own((scores[i] - peak) * scale))) : 0.0f;
+        lanes[i % LANES] += scores[i];
+    }
+    *denom = fold16(lanes);
+}
+
+/* One query head over its n visible keys, at element offsets koff / voff from kb / vb, in key order. */
+static void row_portable(const float *qv, const uint16_t *kb, const uint16_t *vb, const int64_t *koff,
+                         const int64_t *voff, int n, int d, float scale, float *scores, float *acc) {
+    float peak = -INFINITY, denom = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float part[LANES] = {0};
+        for (int t = 0; t < d; t += LANES)
+            for (int l = 0; l < LANES; l++) part[l] = fmaf(qv[t + l], bf16_to_f32(kb[koff[i] + t + l]), part[l]);
+        scores[i] = fold16(part);
+        peak = scores[i] > peak ? scores[i] : peak;
+    }
+    exps(scores, n, peak, scale, &denom, ISA_PORTABLE);
+    for (int i = 0; i < n; i++)
+        for (int x = 0; x < d; x++) acc[x] = fmaf(scores[i], bf16_to_f32(vb[voff[i] + x]), acc[x]);
+    acc[d] = denom;
+}
+
 __attribute__((target("avx2,fma")))
 static inline __m256 load8_bf16(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
@@ -513,200 +560,61 @@ static inline __m256 fold8x4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
                          _mm256_shuffle_ps(w, w, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* scores[0..n) (visible keys, in key order) -> p = exp((score - peak) * scale) rounded to bf16 (the weights
- * SDPA and HF's eager attention multiply the values by); *denom = their sum in 16 lanes (key i in lane
- * i % 16), folded. */
-static void exps(float *scores, int n, float peak, float scale, float *denom) {
-    float lanes[LANES] = {0};
-    for (int i = 0; i < n; i++) {
-        scores[i] = peak > -INFINITY ? bf16_to_f32(f32_to_bf16(exp_own((scores[i] - peak) * scale))) : 0.0f;
-        lanes[i % LANES] += scores[i];
-    }
-    *denom = fold16(lanes);
-}
-
-/* exps in AVX2, the same bits, 16 keys at a time: scores has room for n rounded up to 16, and the keys past n
- * are padded to p = 0 (adding +0 to a lane's sum leaves it). */
+/* row_portable for the G query heads of one KV head at one query row (qv [G][d] fp32), in AVX2: each
+ * visible key (offsets koff[0..n), in order) and value is converted from bf16 once for all G heads, and every
+ * head runs row_portable's arithmetic in its order (the same bits: the score's 16 lanes are a's 8 and
+ * b's 8, folded as fold16 does). scores [G][n] scratch; acc [G][d + 1]. */
 __attribute__((target("avx2,fma")))
-static void exps_avx2(float *scores, int n, float peak, float scale, float *denom) {
-    int padded = (n + LANES - 1) & ~(LANES - 1);
-    for (int i = n; i < padded; i++) scores[i] = peak > -INFINITY ? -INFINITY : 0.0f;
-    if (!(peak > -INFINITY)) {
-        for (int i = 0; i < n; i++) scores[i] = 0.0f;
-        *denom = 0.0f;
-        return;
-    }
-    __m256 pk = _mm256_set1_ps(peak), sc = _mm256_set1_ps(scale), lo = _mm256_setzero_ps(), hi = lo;
-    for (int i = 0; i < padded; i += LANES) {
-        __m256 a = round8_bf16(exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + i), pk), sc)));
-        __m256 b = round8_bf16(exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + i + 8), pk), sc)));
-        _mm256_storeu_ps(scores + i, a);
-        _mm256_storeu_ps(scores + i + 8, b);
-        lo = _mm256_add_ps(lo, a);
-        hi = _mm256_add_ps(hi, b);
-    }
-    *denom = fold8(_mm256_add_ps(lo, hi));
-}
-
-/* One query head over its n visible keys (element offsets koff[idx[i]] / voff[idx[i]] from kb / vb, i < n, in
- * key order). scores [n] scratch; acc [d + 1]. */
-static void row_portable(const float *qv, const uint16_t *kb, const uint16_t *vb, const int64_t *koff,
-                         const int64_t *voff, const int32_t *idx, int n, int d, float scale, float *scores,
-                         float *acc) {
-    float peak = -INFINITY;
-    for (int i = 0; i < n; i++) {
-        float part[LANES] = {0};
-        for (int t = 0; t < d; t += LANES)
-            for (int l = 0; l < LANES; l++) part[l] = fmaf(qv[t + l], bf16_to_f32(kb[koff[idx[i]] + t + l]), part[l]);
-        scores[i] = fold16(part);
-        peak = scores[i] > peak ? scores[i] : peak;
-    }
-    exps(scores, n, peak, scale, acc + d);
-    for (int i = 0; i < n; i++)
-        for (int x = 0; x < d; x++) acc[x] = fmaf(scores[i], bf16_to_f32(vb[voff[idx[i]] + x]), acc[x]);
-}
-
-/* The scores of keys k[0..4) ([4][d] fp32) for one query head qg [d], as row_portable computes them (the 16
- * lanes are a's 8 and b's 8, folded as fold16 does): lanes 0, 4, 1, 5 of the result. */
-__attribute__((target("avx2,fma")))
-static inline __m256 score4_avx2(const float *qg, const float *k, int d) {
-    __m256 a[4], b[4];
-    for (int u = 0; u < 4; u++) a[u] = b[u] = _mm256_setzero_ps();
-    for (int t = 0; t < d; t += LANES) {
-        __m256 qa = _mm256_loadu_ps(qg + t), qb = _mm256_loadu_ps(qg + t + 8);
-        for (int u = 0; u < 4; u++) {
-            a[u] = _mm256_fmadd_ps(qa, _mm256_load_ps(k + u * d + t), a[u]);
-            b[u] = _mm256_fmadd_ps(qb, _mm256_load_ps(k + u * d + t + 8), b[u]);
+static void group_avx2(const float *qv, int G, const uint16_t *kb, const uint16_t *vb, const int64_t *koff,
+                       const int64_t *voff, int n, int d, float scale, float *scores, float *acc) {
+    float conv[4][256] __attribute__((aligned(32))), peak[G], four[8];
+    memset(conv, 0, sizeof conv);
+    for (int g = 0; g < G; g++) peak[g] = -INFINITY;
+    for (int i0 = 0; i0 < n; i0 += 4) {            /* 4 keys at a time: independent fma chains */
+        int m = n - i0 < 4 ? n - i0 : 4;
+        for (int u = 0; u < m; u++) {
+            const uint16_t *kr = kb + koff[i0 + u];
+            for (int t = 0; t < d; t += 8) _mm256_store_ps(conv[u] + t, load8_bf16(kr + t));
+        }
+        for (int g = 0; g < G; g++) {
+            const float *qg = qv + g * d;
+            __m256 a[4], b[4];
+            for (int u = 0; u < 4; u++) a[u] = b[u] = _mm256_setzero_ps();
+            for (int t = 0; t < d; t += LANES) {
+                __m256 qa = _mm256_loadu_ps(qg + t), qb = _mm256_loadu_ps(qg + t + 8);
+                for (int u = 0; u < 4; u++) {
+                    a[u] = _mm256_fmadd_ps(qa, _mm256_load_ps(conv[u] + t), a[u]);
+                    b[u] = _mm256_fmadd_ps(qb, _mm256_load_ps(conv[u] + t + 8), b[u]);
+                }
+            }
+            _mm256_storeu_ps(four, fold8x4(_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1]),
+                                           _mm256_add_ps(a[2], b[2]), _mm256_add_ps(a[3], b[3])));
+            for (int u = 0; u < m; u++) {
+                float sc = four[(u & 1) * 4 + (u >> 1)];    /* keys 0, 2 in lanes 0, 1; keys 1, 3 in 4, 5 */
+                scores[g * n + i0 + u] = sc;
+                peak[g] = sc > peak[g] ? sc : peak[g];
+            }
         }
     }
-    return fold8x4(_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1]), _mm256_add_ps(a[2], b[2]),
-                   _mm256_add_ps(a[3], b[3]));
-}
-
-/* Per-thread scratch of one attention unit (a batch row's KV head over a chunk of query rows). */
-typedef struct {
-    float *scores;      /* [rows * G][keys rounded up to 16]: every query head's scores, then its probabilities */
-    float *kf;          /* [8][d]: 8 keys in fp32 */
-    float *vf;          /* [keys][d]: the values in fp32 */
-    float *acc;         /* [rows * G][d + 1]: sum p * v, then the denominator */
-    float *qv;          /* [rows * G][d]: the queries in fp32 */
-    int64_t *koff, *voff;   /* [keys]: where each key the chunk sees lies */
-    int32_t *idx;       /* [rows][idx_stride]: each row's visible keys, as indices into koff / voff, in key order */
-    int *n;             /* [rows]: how many */
-    int idx_stride;
-} Unit;
-
-/* acc = fma(p, v, acc) over n keys in order, for H heads (probabilities p[h], output o[h]) and 8 * C dims from
- * x (H <= 2 and C <= 4 constants where inlined: 8 accumulators, 4 values and a broadcast in AVX2's 16
- * registers; a third head's accumulators would be spilled to memory, a chain through it per key). */
-__attribute__((target("avx2,fma"), always_inline))
-static inline void pv_avx2(const float *const p[2], float *const o[2], const float *vf, const int32_t *idx, int n,
-                           int d, int x, const int H, const int C) {
-    __m256 a[2][4];
-    for (int h = 0; h < H; h++)
-        for (int c = 0; c < C; c++) a[h][c] = _mm256_setzero_ps();
-    for (int i = 0; i < n; i++) {
-        const float *vr = vf + (size_t)idx[i] * d + x;
-        for (int h = 0; h < H; h++) {
-            __m256 pv = _mm256_set1_ps(p[h][i]);
-            for (int c = 0; c < C; c++) a[h][c] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr + 8 * c), a[h][c]);
-        }
-    }
-    for (int h = 0; h < H; h++)
-        for (int c = 0; c < C; c++) _mm256_storeu_ps(o[h] + x + 8 * c, a[h][c]);
-}
-
-/* pv_avx2 for G heads of one row (probabilities p + g * stride, outputs acc + g * (d + 1)), the values
- * converted from bf16 as they are read, for 3 heads at a time. */
-__attribute__((target("avx2,fma")))
-static void pv_bf16_avx2(const float *p, int stride, float *acc, int G, const uint16_t *vb, const int64_t *voff,
-                         const int32_t *idx, int n, int d) {
-    for (int x = 0; x < d; x += 32) {
+    for (int g = 0; g < G; g++) exps(scores + g * n, n, peak[g], scale, acc + g * (d + 1) + d, ISA_AVX2);
+    for (int x = 0; x < d; x += 32) {              /* per head 4 accumulators, keys in order */
         int w = d - x < 32 ? d - x : 32;
-        for (int g0 = 0; g0 < G; g0 += 3) {
+        for (int g0 = 0; g0 < G; g0 += 3) {        /* 3 heads' 12 accumulators in registers */
             int gn = G - g0 < 3 ? G - g0 : 3;
             __m256 a[3][4];
             for (int g = 0; g < 3; g++)
                 for (int c = 0; c < 4; c++) a[g][c] = _mm256_setzero_ps();
             for (int i = 0; i < n; i++) {
-                const uint16_t *vr = vb + voff[idx[i]] + x;
+                const uint16_t *vr = vb + voff[i] + x;
                 __m256 vv[4];
                 for (int c = 0; c < 4; c++) vv[c] = c * 8 < w ? load8_bf16(vr + 8 * c) : _mm256_setzero_ps();
                 for (int g = 0; g < gn; g++) {
-                    __m256 pv = _mm256_set1_ps(p[(size_t)(g0 + g) * stride + i]);
+                    __m256 pv = _mm256_set1_ps(scores[(g0 + g) * n + i]);
                     for (int c = 0; c < 4; c++) a[g][c] = _mm256_fmadd_ps(pv, vv[c], a[g][c]);
                 }
             }
             for (int g = 0; g < gn; g++)
-                for (int c = 0; c * 8 < w; c++) _mm256_storeu_ps(acc + (size_t)(g0 + g) * (d + 1) + x + 8 * c, a[g][c]);
-        }
-    }
-}
-
-/* row_portable for all G * R query heads of one KV head over a chunk of R query rows (qv [R * G][d]), in AVX2:
- * each of the nu keys any row sees is converted from bf16 once for all of them, and every (row, head) runs
- * row_portable's arithmetic over its own keys in their order (the same bits). */
-__attribute__((target("avx2,fma")))
-static void chunk_avx2(const Unit *u, int R, int G, const uint16_t *kb, const uint16_t *vb, int nu, int d,
-                       float scale) {
-    int Q = R * G, stride = (nu + LANES - 1) & ~(LANES - 1);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int i0 = 0; i0 < nu; i0 += 8) {           /* 8 keys at a time, in fp32, scored against every query */
-        int m = nu - i0 < 8 ? nu - i0 : 8;
-        for (int j = 0; j < 8; j++)
-            for (int t = 0; t < d; t += 8)
-                _mm256_store_ps(u->kf + j * d + t, j < m ? load8_bf16(kb + u->koff[i0 + j] + t) : _mm256_setzero_ps());
-        for (int q = 0; q < Q; q++) {
-            __m256 lo = score4_avx2(u->qv + q * d, u->kf, d), hi = score4_avx2(u->qv + q * d, u->kf + 4 * d, d);
-            __m256 both = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));     /* keys 0 2 4 6 | 1 3 5 7 */
-            _mm256_storeu_ps(u->scores + (size_t)q * stride + i0, _mm256_permutevar8x32_ps(both, order));
-        }
-    }
-    if (R > 1)                                      /* the values in fp32 once, for every row */
-        for (int i = 0; i < nu; i++)
-            for (int t = 0; t < d; t += 8) _mm256_storeu_ps(u->vf + (size_t)i * d + t, load8_bf16(vb + u->voff[i] + t));
-    for (int r = 0; r < R; r++) {
-        const int32_t *idx = u->idx + (size_t)r * u->idx_stride;
-        int n = u->n[r];
-        for (int g = 0; g < G; g++) {                   /* each head's visible scores, in order; the peak */
-            float *sc = u->scores + (size_t)(r * G + g) * stride;
-            __m256 pk8 = _mm256_set1_ps(-INFINITY);
-            int i = 0;
-            for (; i + 8 <= n; i += 8) {
-                __m256 x;
-                if (idx[i + 7] == i + 7) x = _mm256_loadu_ps(sc + i);     /* keys 0..i+7 all seen: in place */
-                else {
-                    for (int j = i; j < i + 8; j++) sc[j] = sc[idx[j]];
-                    x = _mm256_loadu_ps(sc + i);
-                }
-                pk8 = _mm256_max_ps(x, pk8);            /* a NaN score is passed over, as row_portable does */
-            }
-            float lanes[8], peak = -INFINITY;
-            _mm256_storeu_ps(lanes, pk8);
-            for (int l = 0; l < 8; l++) peak = lanes[l] > peak ? lanes[l] : peak;
-            for (; i < n; i++) {
-                sc[i] = sc[idx[i]];
-                peak = sc[i] > peak ? sc[i] : peak;
-            }
-            exps_avx2(sc, n, peak, scale, u->acc + (size_t)(r * G + g) * (d + 1) + d);
-        }
-        if (R == 1) {                                   /* one row: each value converted where it is used */
-            pv_bf16_avx2(u->scores, stride, u->acc, G, vb, u->voff, idx, n, d);
-            continue;
-        }
-        for (int g0 = 0; g0 < G; g0 += 2) {             /* 2 heads at a time, 32 dims per pass */
-            int two = G - g0 >= 2;
-            const float *p[2] = {u->scores + (size_t)(r * G + g0) * stride,
-                                 u->scores + (size_t)(r * G + g0 + two) * stride};
-            float *o[2] = {u->acc + (size_t)(r * G + g0) * (d + 1), u->acc + (size_t)(r * G + g0 + two) * (d + 1)};
-            int x = 0;
-            if (two) {
-                for (; x + 32 <= d; x += 32) pv_avx2(p, o, u->vf, idx, n, d, x, 2, 4);
-                if (x < d) pv_avx2(p, o, u->vf, idx, n, d, x, 2, 2);
-            } else {
-                for (; x + 32 <= d; x += 32) pv_avx2(p, o, u->vf, idx, n, d, x, 1, 4);
-                if (x < d) pv_avx2(p, o, u->vf, idx, n, d, x, 1, 2);
-            }
+                for (int c = 0; c * 8 < w; c++) _mm256_storeu_ps(acc + (g0 + g) * (d + 1) + x + 8 * c, a[g][c]);
         }
     }
 }
@@ -719,85 +627,62 @@ typedef struct {
     const int64_t *kst, *vst, *slots;
 } KvRead;
 
-#define CHUNK_ROWS 16      /* query rows one unit takes at most */
-
 /* q [b, h, tq, d] contiguous bf16 over the keys `kv` gives; vis uint8 with strides (batch, query row,
  * key), or NULL (all visible); out [b, tq, h * d] bf16. d % 16 == 0, d <= 256. Returns 0, -1 without
- * scratch memory, -2 for d > 256. Work is split in units of (batch row, KV head, chunk of query rows); a
- * row's bits do not depend on the chunk it falls in. */
+ * scratch memory, -2 for d > 256. */
 static int attend(const uint16_t *q, int b, int h, int tq, int d, KvRead kv, int hkv, int tk, const uint8_t *vis,
                   const int64_t *vis_strides, float scale, uint16_t *out, int isa, int threads) {
-    int G = h / hkv, failed = 0;
+    int groups = h / hkv, failed = 0;
     if (d > 256 || d % LANES) return -2;
-    int chunks = (tq + CHUNK_ROWS - 1) / CHUNK_ROWS, need = (2 * threads + b * hkv - 1) / (b * hkv);
-    if (chunks < need) chunks = tq < need ? tq : need;         /* two units a thread, where rows allow */
-    if (chunks < 1) chunks = 1;
-    int rows_per = (tq + chunks - 1) / chunks, R = rows_per;
 #pragma omp parallel num_threads(threads)
     {
-        size_t keys = tk > 0 ? (size_t)tk : 1, stride = (keys + LANES - 1) & ~(size_t)(LANES - 1);
-        Unit u;
-        u.scores = malloc(sizeof(float) * stride * R * G);
-        u.kf = aligned_alloc(32, sizeof(float) * 8 * 256);
-        u.vf = malloc(sizeof(float) * keys * d);
-        u.acc = malloc(sizeof(float) * (size_t)R * G * (d + 1));
-        u.qv = malloc(sizeof(float) * (size_t)R * G * d);
-        u.koff = malloc(sizeof(int64_t) * 2 * keys);
-        u.voff = u.koff ? u.koff + keys : NULL;
-        u.idx = malloc(sizeof(int32_t) * keys * R);
-        u.n = malloc(sizeof(int) * R);
-        u.idx_stride = tk;
-        int ok = u.scores && u.kf && u.vf && u.acc && u.qv && u.koff && u.idx && u.n;
+        /* per thread: the scores of a group [groups][tk], the visible keys' K and V offsets [tk] each,
+         * the accumulators [groups][d + 1] and the queries in fp32 [groups][d] */
+        size_t keys = tk > 0 ? (size_t)tk : 1;
+        float *scores = malloc(sizeof(float) * keys * groups), *acc = malloc(sizeof(float) * groups * (d + 1));
+        int64_t *koff = malloc(sizeof(int64_t) * 2 * keys), *voff = koff + keys;
+        float *qv = malloc(sizeof(float) * groups * d);
+        int ok = scores && acc && koff && qv;
         if (!ok) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static)
-        for (int unit = 0; unit < b * hkv * chunks; unit++) {        /* (batch, KV head, chunk of rows) */
+        for (int unit = 0; unit < b * hkv * tq; unit++) {          /* (batch, KV head, query row) */
             if (!ok) continue;
-            int bi = unit / (hkv * chunks), kvh = unit / chunks % hkv, r0 = unit % chunks * rows_per;
-            int rows = tq - r0 < rows_per ? tq - r0 : rows_per, nu = 0;
-            if (rows <= 0) continue;
-            for (int r = 0; r < rows; r++) u.n[r] = 0;
-            for (int j = 0; j < tk; j++) {          /* the keys any row sees; each row's, as indices into them */
-                int seen = 0;
-                for (int r = 0; r < rows; r++)
-                    if (!vis || vis[bi * vis_strides[0] + (r0 + r) * vis_strides[1] + j * vis_strides[2]]) {
-                        u.idx[(size_t)r * tk + u.n[r]++] = nu;
-                        seen = 1;
-                    }
-                if (!seen) continue;
+            int bi = unit / (hkv * tq), kvh = unit / tq % hkv, i = unit % tq;
+            const uint8_t *seen = vis ? vis + bi * vis_strides[0] + i * vis_strides[1] : NULL;
+            int64_t st = vis ? vis_strides[2] : 0;
+            int n = 0;
+            for (int j = 0; j < tk; j++) {
+                if (seen && !seen[j * st]) continue;
                 if (kv.slots) {
                     int64_t slot = kv.slots[(int64_t)bi * tk + j];
-                    u.koff[nu] = slot * kv.kst[2];
-                    u.voff[nu++] = slot * kv.vst[2];
+                    koff[n] = slot * kv.kst[2];
+                    voff[n++] = slot * kv.vst[2];
                 } else {
-                    u.koff[nu] = bi * kv.kst[0] + j * kv.kst[2];
-                    u.voff[nu++] = bi * kv.vst[0] + j * kv.vst[2];
+                    koff[n] = bi * kv.kst[0] + j * kv.kst[2];
+                    voff[n++] = bi * kv.vst[0] + j * kv.vst[2];
                 }
             }
             const uint16_t *kb = kv.k + kvh * kv.kst[1], *vb = kv.v + kvh * kv.vst[1];
-            memset(u.acc, 0, sizeof(float) * rows * G * (d + 1));
-            for (int r = 0; r < rows; r++)
-                for (int g = 0; g < G; g++) {
-                    const uint16_t *qr = q + (((size_t)bi * h + kvh * G + g) * tq + r0 + r) * d;
-                    for (int x = 0; x < d; x++) u.qv[(r * G + g) * d + x] = bf16_to_f32(qr[x]);
-                }
+            memset(acc, 0, sizeof(float) * groups * (d + 1));
+            for (int g = 0; g < groups; g++) {
+                const uint16_t *qr = q + (((size_t)bi * h + kvh * groups + g) * tq + i) * d;
+                for (int x = 0; x < d; x++) qv[g * d + x] = bf16_to_f32(qr[x]);
+            }
             if (isa != ISA_PORTABLE)
-                chunk_avx2(&u, rows, G, kb, vb, nu, d, scale);
+                group_avx2(qv, groups, kb, vb, koff, voff, n, d, scale, scores, acc);
             else
-                for (int r = 0; r < rows; r++)
-                    for (int g = 0; g < G; g++)
-                        row_portable(u.qv + (r * G + g) * d, kb, vb, u.koff, u.voff, u.idx + (size_t)r * tk, u.n[r],
-                                     d, scale, u.scores, u.acc + (r * G + g) * (d + 1));
-            for (int r = 0; r < rows; r++)
-                for (int g = 0; g < G; g++) {
-                    const float *ag = u.acc + (r * G + g) * (d + 1);
-                    uint16_t *o = out + ((size_t)bi * tq + r0 + r) * h * d + (size_t)(kvh * G + g) * d;
-                    for (int x = 0; x < d; x++) o[x] = f32_to_bf16(ag[d] > 0.0f ? ag[x] / ag[d] : 0.0f);
-                }
+                for (int g = 0; g < groups; g++)
+                    row_portable(qv + g * d, kb, vb, koff, voff, n, d, scale, scores, acc + g * (d + 1));
+            for (int g = 0; g < groups; g++) {
+                const float *ag = acc + g * (d + 1);
+                uint16_t *o = out + ((size_t)bi * tq + i) * h * d + (size_t)(kvh * groups + g) * d;
+                for (int x = 0; x < d; x++) o[x] = f32_to_bf16(ag[d] > 0.0f ? ag[x] / ag[d] : 0.0f);
+            }
         }
-        free(u.scores); free(u.kf); free(u.vf); free(u.acc); free(u.qv); free(u.koff); free(u.idx); free(u.n);
+        free(scores); free(acc); free(koff); free(qv);
     }
     return failed ? -1 : 0;
 }
