@@ -486,15 +486,39 @@ static inline void store8_bf16(uint16_t *p, __m256 x) {     /* x rounded to bf16
     _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1)));
 }
 
-/* scores[0..n) -> exp((score - peak) * scale) rounded to bf16 (the weights SDPA and HF's eager attention
- * multiply the values by), in whole vectors of 16, lanes accumulating the sum;
- * returns how many it did (the caller finishes the rest one by one, the same way). */
+/* scores[0..n) (visible keys, in key order) -> p = exp((score - peak) * scale) rounded to bf16 (the weights
+ * SDPA and HF's eager attention multiply the values by); *denom = their sum in 16 lanes (key i in lane
+ * i % 16), folded. */
+static void exps(float *scores, int n, float peak, float scale, float *denom) {
+    float lanes[LANES] = {0};
+    for (int i = 0; i < n; i++) {
+        scores[i] = peak > -INFINITY ? bf16_to_f32(f32_to_bf16(exp_own((scores[i] - peak) * scale))) : 0.0f;
+        lanes[i % LANES] += scores[i];
+    }
+    *denom = fold16(lanes);
+}
+
 __attribute__((target("avx2,fma")))
-static int probs_avx2(float *scores, int n, float peak, float scale, float lanes[LANES]) {
-    __m256 pk = _mm256_set1_ps(peak), sc = _mm256_set1_ps(scale);
-    __m256 lo = _mm256_loadu_ps(lanes), hi = _mm256_loadu_ps(lanes + 8);
-    int i = 0;
-    for (; i + LANES <= n; i += LANES) {
+static inline float fold8(__m256 s8) {                 /* lanes 0..7 after the w = 8 fold */
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    return _mm_cvtss_f32(s1);
+}
+
+/* exps in AVX2, the same bits, 16 keys at a time: scores has room for n rounded up to 16, and the keys past n
+ * are padded to p = 0 (adding +0 to a lane's sum leaves it). */
+__attribute__((target("avx2,fma")))
+static void exps_avx2(float *scores, int n, float peak, float scale, float *denom) {
+    int padded = (n + LANES - 1) & ~(LANES - 1);
+    if (!(peak > -INFINITY)) {
+        for (int i = 0; i < padded; i++) scores[i] = 0.0f;
+        *denom = 0.0f;
+        return;
+    }
+    for (int i = n; i < padded; i++) scores[i] = -INFINITY;
+    __m256 pk = _mm256_set1_ps(peak), sc = _mm256_set1_ps(scale), lo = _mm256_setzero_ps(), hi = lo;
+    for (int i = 0; i < padded; i += LANES) {
         __m256 a = round8_bf16(exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + i), pk), sc)));
         __m256 b = round8_bf16(exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + i + 8), pk), sc)));
         _mm256_storeu_ps(scores + i, a);
@@ -502,21 +526,7 @@ static int probs_avx2(float *scores, int n, float peak, float scale, float lanes
         lo = _mm256_add_ps(lo, a);
         hi = _mm256_add_ps(hi, b);
     }
-    _mm256_storeu_ps(lanes, lo);
-    _mm256_storeu_ps(lanes + 8, hi);
-    return i;
-}
-
-/* scores[0..n) (visible keys, in key order) -> their probabilities; *denom their 16-lane sum, folded. */
-static void exps(float *scores, int n, float peak, float scale, float *denom, int isa) {
-    int i = 0;
-    float lanes[LANES] = {0};
-    if (isa != ISA_PORTABLE && peak > -INFINITY) i = probs_avx2(scores, n, peak, scale, lanes);
-    for (; i < n; i++) {
-        scores[i] = peak > -INFINITY ? bf16_to_f32(f32_to_bf16(exp_own((scores[i] - peak) * scale))) : 0.0f;
-        lanes[i % LANES] += scores[i];
-    }
-    *denom = fold16(lanes);
+    *denom = fold8(_mm256_add_ps(lo, hi));
 }
 
 /* One query head over its n visible keys, at element offsets koff / voff from kb / vb, in key order. */
@@ -530,7 +540,7 @@ static void row_portable(const float *qv, const uint16_t *kb, const uint16_t *vb
         scores[i] = fold16(part);
         peak = scores[i] > peak ? scores[i] : peak;
     }
-    exps(scores, n, peak, scale, &denom, ISA_PORTABLE);
+    exps(scores, n, peak, scale, &denom);
     for (int i = 0; i < n; i++)
         for (int x = 0; x < d; x++) acc[x] = fmaf(scores[i], bf16_to_f32(vb[voff[i] + x]), acc[x]);
     acc[d] = denom;
@@ -539,14 +549,6 @@ static void row_portable(const float *qv, const uint16_t *kb, const uint16_t *vb
 __attribute__((target("avx2,fma")))
 static inline __m256 load8_bf16(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-
-__attribute__((target("avx2,fma")))
-static inline float fold8(__m256 s8) {                 /* lanes 0..7 after the w = 8 fold */
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-    return _mm_cvtss_f32(s1);
 }
 
 /* fold8 of four vectors at once, the same additions: lanes 0, 4, 1, 5 of the result are s0..s3's sums */
@@ -563,11 +565,12 @@ static inline __m256 fold8x4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
 /* row_portable for the G query heads of one KV head at one query row (qv [G][d] fp32), in AVX2: each
  * visible key (offsets koff[0..n), in order) and value is converted from bf16 once for all G heads, and every
  * head runs row_portable's arithmetic in its order (the same bits: the score's 16 lanes are a's 8 and
- * b's 8, folded as fold16 does). scores [G][n] scratch; acc [G][d + 1]. */
+ * b's 8, folded as fold16 does). scores [G][n rounded up to 16] scratch; acc [G][d + 1]. */
 __attribute__((target("avx2,fma")))
 static void group_avx2(const float *qv, int G, const uint16_t *kb, const uint16_t *vb, const int64_t *koff,
                        const int64_t *voff, int n, int d, float scale, float *scores, float *acc) {
     float conv[4][256] __attribute__((aligned(32))), peak[G], four[8];
+    int stride = (n + LANES - 1) & ~(LANES - 1);     /* scores [G][stride]: room for exps_avx2's padding */
     memset(conv, 0, sizeof conv);
     for (int g = 0; g < G; g++) peak[g] = -INFINITY;
     for (int i0 = 0; i0 < n; i0 += 4) {            /* 4 keys at a time: independent fma chains */
@@ -591,12 +594,12 @@ static void group_avx2(const float *qv, int G, const uint16_t *kb, const uint16_
                                            _mm256_add_ps(a[2], b[2]), _mm256_add_ps(a[3], b[3])));
             for (int u = 0; u < m; u++) {
                 float sc = four[(u & 1) * 4 + (u >> 1)];    /* keys 0, 2 in lanes 0, 1; keys 1, 3 in 4, 5 */
-                scores[g * n + i0 + u] = sc;
+                scores[g * stride + i0 + u] = sc;
                 peak[g] = sc > peak[g] ? sc : peak[g];
             }
         }
     }
-    for (int g = 0; g < G; g++) exps(scores + g * n, n, peak[g], scale, acc + g * (d + 1) + d, ISA_AVX2);
+    for (int g = 0; g < G; g++) exps_avx2(scores + g * stride, n, peak[g], scale, acc + g * (d + 1) + d);
     for (int x = 0; x < d; x += 32) {              /* per head 4 accumulators, keys in order */
         int w = d - x < 32 ? d - x : 32;
         for (int g0 = 0; g0 < G; g0 += 3) {        /* 3 heads' 12 accumulators in registers */
@@ -609,7 +612,7 @@ static void group_avx2(const float *qv, int G, const uint16_t *kb, const uint16_
                 __m256 vv[4];
                 for (int c = 0; c < 4; c++) vv[c] = c * 8 < w ? load8_bf16(vr + 8 * c) : _mm256_setzero_ps();
                 for (int g = 0; g < gn; g++) {
-                    __m256 pv = _mm256_set1_ps(scores[(g0 + g) * n + i]);
+                    __m256 pv = _mm256_set1_ps(scores[(g0 + g) * stride + i]);
                     for (int c = 0; c < 4; c++) a[g][c] = _mm256_fmadd_ps(pv, vv[c], a[g][c]);
                 }
             }
@@ -636,10 +639,11 @@ static int attend(const uint16_t *q, int b, int h, int tq, int d, KvRead kv, int
     if (d > 256 || d % LANES) return -2;
 #pragma omp parallel num_threads(threads)
     {
-        /* per thread: the scores of a group [groups][tk], the visible keys' K and V offsets [tk] each,
+        /* per thread: the scores of a group [groups][tk rounded up to 16], the visible keys' K and V offsets [tk] each,
          * the accumulators [groups][d + 1] and the queries in fp32 [groups][d] */
         size_t keys = tk > 0 ? (size_t)tk : 1;
-        float *scores = malloc(sizeof(float) * keys * groups), *acc = malloc(sizeof(float) * groups * (d + 1));
+        size_t padded = (keys + LANES - 1) & ~(size_t)(LANES - 1);
+        float *scores = malloc(sizeof(float) * padded * groups), *acc = malloc(sizeof(float) * groups * (d + 1));
         int64_t *koff = malloc(sizeof(int64_t) * 2 * keys), *voff = koff + keys;
         float *qv = malloc(sizeof(float) * groups * d);
         int ok = scores && acc && koff && qv;
