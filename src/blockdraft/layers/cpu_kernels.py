@@ -7,7 +7,7 @@ kernel multiplies the GGUF block formats — 4-bit Q4_1 (fp16 scale and minimum 
 8-bit Q8_0 — against activations carried per row at 16 bits in groups of 32 (two signed bytes),
 with integer dot products (AVX512-VNNI, AVX2, or portable C: the same bits), prefetching the
 weights and keeping a tile of rows' sums in registers over a block's groups (4 rows with VNNI,
-3 with AVX2; a 9-row SmolLM2 step costs 4.2x a one-row step on an AVX512 EPYC). Every row
+3 with AVX2; a 9-row SmolLM2 step costs ~3.5x a one-row step on an AVX512 EPYC). Every row
 runs the same operations whatever the row count, so a verify rounds each row as a one-row step
 does (`tests/models/test_quantized.py`).
 
