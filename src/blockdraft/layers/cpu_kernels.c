@@ -61,6 +61,11 @@ static inline uint16_t f32_to_bf16(float f) {   /* round to nearest even; NaN st
     return (uint16_t)(u >> 16);
 }
 
+__attribute__((target("avx2,fma")))
+static inline __m256 load8_bf16(const uint16_t *p) {          /* bf16_to_f32 of 8 values */
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
 static inline float f16_to_f32(uint16_t h) {   /* exact, as vcvtph2ps */
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu, u;
     if (e == 0) {
@@ -128,9 +133,7 @@ static void quantize_rows_avx2(const uint16_t *x, int rows, int K, Acts *a) {
         for (int g = 0; g < G; g++) {
             const uint16_t *xs = x + (size_t)r * K + g * GROUP;
             __m256 v[4];
-            for (int i = 0; i < 4; i++)
-                v[i] = _mm256_castsi256_ps(_mm256_slli_epi32(
-                    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(xs + 8 * i))), 16));
+            for (int i = 0; i < 4; i++) v[i] = load8_bf16(xs + 8 * i);
             __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
                                      _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)));
             __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
@@ -300,8 +303,10 @@ static void block_avx2(const uint8_t *w, const uint16_t *sc, int bits, int G, in
                        float *acc) {
     int r = 0;
     for (; r + 3 <= n; r += 3) tile_avx2(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 3);
-    if (n - r == 2) tile_avx2(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 2);
-    if (n - r == 1) tile_avx2(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 1);
+    switch (n - r) {
+        case 2: tile_avx2(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 2); break;
+        case 1: tile_avx2(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 1); break;
+    }
 }
 
 /* R rows (a constant where it is inlined) over all groups of one block, their 16 sums each in registers */
@@ -544,11 +549,6 @@ static void row_portable(const float *qv, const uint16_t *kb, const uint16_t *vb
     for (int i = 0; i < n; i++)
         for (int x = 0; x < d; x++) acc[x] = fmaf(scores[i], bf16_to_f32(vb[voff[i] + x]), acc[x]);
     acc[d] = denom;
-}
-
-__attribute__((target("avx2,fma")))
-static inline __m256 load8_bf16(const uint16_t *p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
 /* fold8 of four vectors at once, the same additions: lanes 0, 4, 1, 5 of the result are s0..s3's sums */

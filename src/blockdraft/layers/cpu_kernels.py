@@ -291,13 +291,18 @@ class LayerStack:
         return out, tapped
 
 
+def _bf16_inference(*tensors: torch.Tensor) -> bool:
+    """Whether the elementwise kernels take these: bf16 on the CPU, no autograd recording through them, a
+    built kernel."""
+    return (all(t.dtype == torch.bfloat16 and t.device.type == "cpu" for t in tensors)
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) and library() is not None)
+
+
 def swiglu(gate: torch.Tensor, up: torch.Tensor, isa: str | None = None) -> torch.Tensor | None:
     """`F.silu(gate) * up` for bf16 inference on the CPU (`bd_swiglu`: the same two bf16 roundings, SiLU on
     the kernels' own exp, so the fused layers and this spelling give the same bits), or None where it does not
     apply (another dtype or device, autograd recording, rows not unit-strided, no kernel)."""
-    if (gate.dtype != torch.bfloat16 or up.dtype != torch.bfloat16 or gate.device.type != "cpu"
-            or gate.shape != up.shape or torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)
-            or library() is None):
+    if gate.shape != up.shape or not _bf16_inference(gate, up):
         return None
     i = gate.shape[-1]
     g, u = gate.reshape(-1, i), up.reshape(-1, i)         # views where the rows are evenly spaced
@@ -313,8 +318,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, isa: str | None 
     """RMSNorm of bf16 rows on the CPU (`bd_rmsnorm`), or None where it does not apply (another dtype
     or device, a width not a multiple of 16, autograd recording, no kernel)."""
     d = x.shape[-1]
-    if (x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or x.device.type != "cpu" or d % 16
-            or torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad) or library() is None):
+    if d % 16 or not _bf16_inference(x, weight):
         return None
     x = x.contiguous()
     out = torch.empty_like(x)
