@@ -100,7 +100,7 @@ class LLM:
                               "(the weight-only layers are not sharded); use quantization=none")
         self.target = load_target(target_dir, dtype, quantization, device)
         self.numerics = describe(self.target.dtype, getattr(self.target, "quantization", "none"),
-                                 getattr(self.target, "quantization_kernel", None))
+                                 getattr(self.target, "quantization_kernel", None), device)
         self.drafter = load_drafter(drafter_dir, self.target, mode=mode, block_size=block_size) \
             if drafter_dir is not None else None
         self.tokenizer = Tokenizer(target_dir) if (target_dir / "tokenizer.json").is_file() else None

@@ -114,9 +114,14 @@ def resolve_quantization(requested: str | None, device: str = "cpu", default_mod
     return "none"
 
 
-def describe(dtype: str | torch.dtype, quantization: str = "none", kernel: str | None = None) -> dict:
-    """What `--json` reports about the numerics in use (`kernel`: what runs the quantized layers)."""
+def describe(dtype: str | torch.dtype, quantization: str = "none", kernel: str | None = None,
+             device: str = "cpu") -> dict:
+    """What `--json` reports about the numerics in use (`kernel`: what runs the quantized layers).
+    `row_invariant`: each row rounds as it would alone, so speculation is bit-exact against plain
+    decoding — true only for bf16 on the CPU (`layers/linear.py`, `layers/attention.py`); CUDA's
+    kernels are picked by shape and fp32 on MKL rounds a GEMV and a GEMM differently."""
     dt = torch_dtype(dtype)
-    out = {"dtype": str(dt).removeprefix("torch."), "quantization": quantization, "cpu_native_bf16": native_bf16(),
-           "row_invariant": dt == torch.bfloat16}
+    out = {"dtype": str(dt).removeprefix("torch."), "quantization": quantization, "device": str(device),
+           "cpu_native_bf16": native_bf16(),
+           "row_invariant": dt == torch.bfloat16 and str(device).startswith("cpu")}
     return out if kernel is None else {**out, "kernel": kernel}

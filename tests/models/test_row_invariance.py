@@ -162,3 +162,14 @@ def test_numerics_auto_and_cpu_flags():
     with pytest.raises(ConfigError, match="dtype 'fp8' is not supported"):
         resolve_dtype("fp8")
     assert describe("bfloat16")["row_invariant"] and not describe("float32")["row_invariant"]
+
+
+def test_numerics_report_row_invariance_per_device():
+    """Only the CPU's bf16 kernels are row-invariant: CUDA's bf16 GEMMs and attention pick kernels by shape."""
+    from blockdraft.numerics import describe
+
+    assert describe("bfloat16", device="cpu")["row_invariant"]
+    assert describe("bfloat16", "int4", "cpu_kernels", device="cpu")["row_invariant"]
+    cuda = describe("bfloat16", device="cuda:0")
+    assert cuda["row_invariant"] is False and cuda["device"] == "cuda:0"
+    assert not describe("float32", device="cuda")["row_invariant"]
