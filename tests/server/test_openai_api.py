@@ -125,3 +125,53 @@ def test_metrics_parse_and_families(server, client):
                  "blockdraft_requests_running", "blockdraft_requests_waiting", "blockdraft_cache_blocks_used",
                  "blockdraft_cache_blocks_free"):
         assert name in families, name
+
+
+REFUSED = [  # (endpoint, field, value): fields that would change the output and are not implemented
+    ("completions", "logprobs", 1), ("completions", "logprobs", 0), ("completions", "echo", True),
+    ("completions", "suffix", "x"), ("completions", "best_of", 2), ("completions", "presence_penalty", 0.5),
+    ("completions", "frequency_penalty", -1), ("completions", "logit_bias", {"5": 100}), ("completions", "n", 2),
+    ("chat", "logprobs", True), ("chat", "top_logprobs", 2), ("chat", "response_format", {"type": "json_object"}),
+    ("chat", "tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+    ("chat", "tool_choice", "required"), ("chat", "functions", [{"name": "f", "parameters": {}}]),
+    ("chat", "presence_penalty", 1.0), ("chat", "frequency_penalty", 0.1), ("chat", "frobnicate", 1),
+]
+
+
+def _create(client, endpoint: str, **fields):
+    if endpoint == "chat":
+        return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=3, **fields)
+    return client.completions.create(model="tiny", prompt="hi", max_tokens=3, **fields)
+
+
+@pytest.mark.parametrize("endpoint,field,value", REFUSED, ids=[f"{e}-{f}-{v}" for e, f, v in REFUSED])
+def test_unimplemented_fields_are_refused_by_name(server, client, endpoint, field, value):
+    from openai import BadRequestError
+
+    known = {"logprobs", "echo", "suffix", "best_of", "presence_penalty", "frequency_penalty", "logit_bias", "n",
+             "top_logprobs", "response_format", "tools", "tool_choice", "functions"}
+    with pytest.raises(BadRequestError) as e:
+        _create(client, endpoint, **({field: value} if field in known else {"extra_body": {field: value}}))
+    assert e.value.status_code == 400 and e.value.param == field and field in e.value.message
+    assert server.llm.engine.blocks.num_free == server.llm.engine.plan.num_blocks   # nothing admitted
+
+
+def test_neutral_values_of_unimplemented_fields_are_accepted(client):
+    plain = _create(client, "completions", temperature=0)
+    neutral = _create(client, "completions", temperature=0, logprobs=None, echo=False, presence_penalty=0,
+                      frequency_penalty=0.0, logit_bias={}, best_of=1, n=1, suffix=None, user="u")
+    assert neutral.choices[0].text == plain.choices[0].text
+    chat = _create(client, "chat", temperature=0, logprobs=False, presence_penalty=0, tools=[],
+                   response_format={"type": "text"}, tool_choice="none")
+    assert chat.choices[0].finish_reason in ("stop", "length")
+
+
+def test_non_text_content_parts_are_refused_not_dropped(client):
+    from openai import BadRequestError
+
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    with pytest.raises(BadRequestError) as e:
+        client.chat.completions.create(model="tiny", max_tokens=3, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "what is this?"}, image]}])
+    assert e.value.param == "messages" and "image_url" in e.value.message

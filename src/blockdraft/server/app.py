@@ -22,7 +22,7 @@ from ..llm import LLM
 from ..tokenizer import TextStream
 from .driver import AsyncEngine
 from .metrics import ServerMetrics
-from .protocol import ApiError, chat_messages, completion_prompt, sampling_params
+from .protocol import ApiError, chat_messages, check_fields, completion_prompt, sampling_params
 
 
 def build_app(llm: LLM, model_name: str = "blockdraft", api_key: str | None = None,
@@ -95,6 +95,7 @@ def build_app(llm: LLM, model_name: str = "blockdraft", api_key: str | None = No
     async def run(request: Request, endpoint: str, chat: bool):
         started = time.perf_counter()
         body = await parse(request)
+        check_fields(body, chat)
         params = sampling_params(body, default_max_tokens)
         if chat:
             if tok is None:

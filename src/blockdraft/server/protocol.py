@@ -1,4 +1,9 @@
-"""OpenAI request validation: every bad field becomes an `ApiError` naming it, before admission."""
+"""OpenAI request validation: every bad field becomes an `ApiError` naming it, before admission.
+
+Nothing is silently ignored: a field OpenAI defines that would change the output and is not
+implemented here (logprobs, penalties, tools, ...) is refused by name unless it holds its
+neutral value, and a field OpenAI does not define is refused as OpenAI refuses it.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +23,31 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# implemented, or informational (they change nothing the model computes)
+FIELDS = frozenset({"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+                    "stream", "stream_options", "ignore_eos", "n", "user", "metadata", "store", "service_tier",
+                    "parallel_tool_calls"})
+ENDPOINT_FIELDS = {False: frozenset({"prompt"}), True: frozenset({"messages"})}
+# not implemented: accepted only at a neutral value (compared with its type: logprobs 0 is not False)
+NEUTRAL = {"logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "suffix": ("",), "best_of": (1,),
+           "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
+           "logit_bias": ({},), "response_format": ({"type": "text"},), "tools": ([],), "functions": ([],),
+           "tool_choice": ("none", "auto"), "function_call": ("none", "auto"), "min_tokens": (0,),
+           "min_p": (0, 0.0), "stop_token_ids": ([],), "modalities": (["text"],), "prediction": (),
+           "audio": (), "reasoning_effort": (), "web_search_options": ()}
+
+
+def check_fields(body: dict, chat: bool) -> None:
+    """Refuse, by name, every field this server would otherwise ignore."""
+    for name, value in body.items():
+        if name in NEUTRAL:
+            if value is not None and not any(type(value) is type(v) and value == v for v in NEUTRAL[name]):
+                raise ApiError(400, f"'{name}' is not supported by this server (got {value!r}); "
+                               "omit it or send its neutral value", name)
+        elif name not in FIELDS and name not in ENDPOINT_FIELDS[chat]:
+            raise ApiError(400, f"Unrecognized request argument supplied: {name}", name)
 
 
 def _number(body: dict, name: str, default, kind=(int, float)):
@@ -81,8 +111,11 @@ def chat_messages(body: dict) -> list[dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
             raise ApiError(400, f"messages[{i}] must have a 'role' and a 'content'", "messages")
-        if isinstance(m["content"], list):  # OpenAI content parts: keep the text ones
-            m = dict(m, content="".join(p.get("text", "") for p in m["content"] if isinstance(p, dict)))
+        if isinstance(m["content"], list):  # OpenAI content parts: text only
+            kinds = [p.get("type") if isinstance(p, dict) else type(p).__name__ for p in m["content"]]
+            if any(k != "text" for k in kinds):
+                raise ApiError(400, f"messages[{i}].content: only text parts are supported, got {kinds}", "messages")
+            m = dict(m, content="".join(p.get("text", "") for p in m["content"]))
             messages[i] = m
         elif not isinstance(m["content"], str):
             raise ApiError(400, f"messages[{i}].content must be a string", "messages")
