@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from .errors import ConfigError
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-ARCHITECTURES = ("llama", "qwen3")
+ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe")
+TARGET_LAYER_TYPES = ("full_attention", "linear_attention")
 DRAFTER_KINDS = ("dflash", "dflash2", "dspark")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -62,8 +63,49 @@ class DecoderDims:
 
 
 @dataclass(frozen=True)
+class DeltaNetConfig:
+    """Gated DeltaNet ("linear_attention") layers of a Qwen3.5 target: a causal depthwise conv over
+    q/k/v (state: its last `conv_kernel - 1` input rows) and a recurrent state [v_heads, k_dim, v_dim]."""
+
+    num_k_heads: int
+    num_v_heads: int
+    k_dim: int
+    v_dim: int
+    conv_kernel: int
+
+    def __post_init__(self):
+        for name in ("num_k_heads", "num_v_heads", "k_dim", "v_dim", "conv_kernel"):
+            _positive(f"linear {name}", getattr(self, name))
+        if self.num_v_heads % self.num_k_heads:
+            raise ConfigError(f"linear_num_value_heads={self.num_v_heads} is not divisible by "
+                              f"linear_num_key_heads={self.num_k_heads}")
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.num_k_heads * self.k_dim + self.num_v_heads * self.v_dim
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """A sparse MoE feed-forward (Qwen3.5-MoE): softmax router over all experts, top-k renormalised,
+    plus a sigmoid-gated shared expert."""
+
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    shared_intermediate_size: int
+
+    def __post_init__(self):
+        for name in ("num_experts", "top_k", "expert_intermediate_size", "shared_intermediate_size"):
+            _positive(name, getattr(self, name))
+        if self.top_k > self.num_experts:
+            raise ConfigError(f"num_experts_per_tok={self.top_k} exceeds num_experts={self.num_experts}")
+
+
+@dataclass(frozen=True)
 class TargetConfig(DecoderDims):
-    """A decoder-only target (Llama or Qwen3 family)."""
+    """A decoder-only target: Llama, Qwen3, or Qwen3.5 (hybrid Gated DeltaNet + gated attention,
+    dense or MoE)."""
 
     architecture: str
     rms_norm_eps: float = 1e-6
@@ -75,15 +117,56 @@ class TargetConfig(DecoderDims):
     max_position_embeddings: int = 4096
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # Qwen3.5: per-layer kind, DeltaNet shapes, MoE, and the attention details that differ from Qwen3
+    layer_types: tuple[str, ...] = ()            # empty: every layer full attention
+    deltanet: DeltaNetConfig | None = None
+    moe: MoeConfig | None = None
+    partial_rotary_factor: float = 1.0           # rotary on the first head_dim * factor dims
+    attn_output_gate: bool = False               # q_proj emits query and gate; output x sigmoid(gate)
+    norm_offset: bool = False                    # RMSNorm gains are (1 + w)
 
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
             raise ConfigError(f"architecture {self.architecture!r} is not supported (supported: {ARCHITECTURES})")
         self._check_dims()
+        if self.layer_types:
+            if len(self.layer_types) != self.num_layers:
+                raise ConfigError(f"layer_types has {len(self.layer_types)} entries for "
+                                  f"num_hidden_layers={self.num_layers}")
+            unknown = sorted({t for t in self.layer_types if t not in TARGET_LAYER_TYPES})
+            if unknown:
+                raise ConfigError(f"layer_types entries {unknown} are not supported (supported: "
+                                  f"{TARGET_LAYER_TYPES})")
+            if "linear_attention" in self.layer_types and self.deltanet is None:
+                raise ConfigError("layer_types has linear_attention layers but no linear_* (DeltaNet) shapes")
+        if not 0 < self.partial_rotary_factor <= 1 or int(self.head_dim * self.partial_rotary_factor) % 2:
+            raise ConfigError(f"partial_rotary_factor={self.partial_rotary_factor} with head_dim={self.head_dim} "
+                              "must give an even rotary width in (0, head_dim]")
         _positive("max_position_embeddings", self.max_position_embeddings)
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_attention_heads={self.num_heads} is not divisible by "
                               f"num_key_value_heads={self.num_kv_heads}")
+
+    def layer_type(self, layer: int) -> str:
+        return self.layer_types[layer] if self.layer_types else "full_attention"
+
+    @property
+    def attention_layers(self) -> list[int]:
+        """Layers with a KV cache (full attention)."""
+        return [i for i in range(self.num_layers) if self.layer_type(i) == "full_attention"]
+
+    @property
+    def state_layers(self) -> list[int]:
+        """Layers with a recurrent state (Gated DeltaNet), which cannot roll back by length."""
+        return [i for i in range(self.num_layers) if self.layer_type(i) == "linear_attention"]
+
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.state_layers)
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
 
 
 TAP_POINTS = ("hidden_states", "layer_output")

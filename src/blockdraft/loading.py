@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ import torch
 from .checkpoints.resolve import canonical_tensor_names, resolve_drafter, resolve_target
 from .checkpoints.weights import assign_weights, load_state_dict, read_json, strip_prefix, tensor_names
 from .config import DrafterConfig, TargetConfig
-from .errors import ConfigError
+from .errors import CheckpointError, ConfigError
 from .layers.linear import plan_linears
 from .layers.quant import check_scheme, quantize_drafter, quantize_target
 from .models.drafter import BlockDrafter
@@ -35,7 +36,10 @@ def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
     model_dir = Path(model_dir)
     scheme = check_scheme(quantization, torch_dtype(dtype), device)
     cfg = resolve_target(read_json(model_dir / "config.json"))
-    tensors = _target_names(load_state_dict(model_dir))
+    if cfg.hybrid and scheme != "none":
+        raise ConfigError(f"quantization={scheme!r} is not supported for {cfg.architecture} targets (hybrid "
+                          "DeltaNet layers); use quantization none with bfloat16 or float32")
+    tensors, skipped = _target_names(load_state_dict(model_dir), cfg)
     if cfg.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
     with torch.device("meta"):
@@ -46,17 +50,61 @@ def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
     quantize_target(model, scheme)
     model.to(device)
     model.source_dir = model_dir
+    model.skipped_tensors = skipped
     plan_linears(model)                              # measure the row-invariant kernel plans now
     return model.eval().requires_grad_(False)
 
 
-def _target_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """HF names (`model.layers.0...`, `lm_head.weight`) -> module names; drop rotary buffers."""
-    out = {}
+# tensors a published checkpoint carries that the text decoder does not run, by prefix (after the
+# language-model prefix is removed): the vision tower and the multi-token-prediction head
+SKIPPED_TARGET_PREFIXES = ("model.visual.", "visual.", "mtp.", "model.mtp.")
+_EXPERT = re.compile(r"^(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def _target_names(tensors: dict[str, torch.Tensor], cfg: TargetConfig | None = None
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """HF names (`model.layers.0...`, `model.language_model.layers.0...`, `lm_head.weight`) -> module
+    names; drop rotary buffers; set aside (and count) the vision tower and MTP tensors; stack per-expert
+    MoE weights into transformers' packed `experts.gate_up_proj` / `experts.down_proj`."""
+    out, skipped = {}, {}
     for name, t in tensors.items():
         if name.endswith("rotary_emb.inv_freq"):
             continue
-        out[name[len("model."):] if name.startswith("model.") else name] = t
+        prefix = next((p for p in SKIPPED_TARGET_PREFIXES if name.startswith(p)), None)
+        if prefix is not None:
+            skipped[prefix + "*"] = skipped.get(prefix + "*", 0) + 1
+            continue
+        for p in ("model.language_model.", "model."):
+            if name.startswith(p):
+                name = name[len(p):]
+                break
+        out[name] = t
+    if cfg is not None and cfg.moe is not None:
+        out = _pack_experts(out, cfg.moe.num_experts)
+    return out, skipped
+
+
+def _pack_experts(tensors: dict[str, torch.Tensor], num_experts: int) -> dict[str, torch.Tensor]:
+    """`layers.N.mlp.experts.E.{gate,up,down}_proj.weight` (one tensor per expert, as Qwen's MoE
+    checkpoints and transformers' `save_pretrained` write them) -> the stacked [E, ...] tensors."""
+    per: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
+    out = {}
+    for name, t in tensors.items():
+        m = _EXPERT.match(name)
+        if m is None:
+            out[name] = t
+        else:
+            per.setdefault(m.group(1), {}).setdefault(m.group(3), {})[int(m.group(2))] = t
+    for base, parts in per.items():
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            have = parts.get(proj, {})
+            missing = [e for e in range(num_experts) if e not in have]
+            if missing:
+                raise CheckpointError(f"target: missing tensors {base}.{missing[0]}.{proj}.weight "
+                                      f"({len(missing)} of {num_experts} experts lack {proj})")
+        stack = {p: torch.stack([parts[p][e] for e in range(num_experts)]) for p in parts}
+        out[f"{base}.gate_up_proj"] = torch.cat([stack["gate_proj"], stack["up_proj"]], dim=1)
+        out[f"{base}.down_proj"] = stack["down_proj"]
     return out
 
 

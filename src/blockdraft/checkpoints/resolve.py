@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..config import DRAFTER_KINDS, DrafterConfig, RopeConfig, TargetConfig, default_tap_point
+from ..config import (DRAFTER_KINDS, DeltaNetConfig, DrafterConfig, MoeConfig, RopeConfig, TargetConfig,
+                      default_tap_point)
 from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -151,20 +152,37 @@ def _dims(cfg: dict, what: str) -> dict:
     )
 
 
-def resolve_target(cfg: dict) -> TargetConfig:
+QWEN3_5_ARCHITECTURES = {
+    "Qwen3_5ForCausalLM": "qwen3_5", "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+}
+QWEN3_5_MODEL_TYPES = {"qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5",
+                       "qwen3_5_moe": "qwen3_5_moe", "qwen3_5_moe_text": "qwen3_5_moe"}
+SUPPORTED_TARGETS = ("LlamaForCausalLM", "Qwen3ForCausalLM", *QWEN3_5_ARCHITECTURES)
+
+
+def _target_architecture(cfg: dict) -> str:
     archs = cfg.get("architectures") or []
     model_type = cfg.get("model_type", "")
+    for a in archs:
+        if a in QWEN3_5_ARCHITECTURES:
+            return QWEN3_5_ARCHITECTURES[a]
     if "Qwen3ForCausalLM" in archs or model_type == "qwen3":
-        arch = "qwen3"
-    elif "LlamaForCausalLM" in archs or model_type == "llama":
-        arch = "llama"
-    else:
-        raise ConfigError(f"target architecture {archs or model_type!r} is not supported "
-                          "(supported: LlamaForCausalLM, Qwen3ForCausalLM)")
+        return "qwen3"
+    if "LlamaForCausalLM" in archs or model_type == "llama":
+        return "llama"
+    if model_type in QWEN3_5_MODEL_TYPES:
+        return QWEN3_5_MODEL_TYPES[model_type]
+    raise ConfigError(f"target architecture {archs or model_type!r} is not supported "
+                      f"(supported: {', '.join(SUPPORTED_TARGETS)})")
+
+
+def resolve_target(cfg: dict) -> TargetConfig:
+    arch = _target_architecture(cfg)
+    if arch.startswith("qwen3_5"):
+        return _resolve_qwen3_5(cfg, arch)
     if cfg.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"hidden_act={cfg['hidden_act']!r} is not supported (only 'silu')")
-    eos = cfg.get("eos_token_id")
-    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
     return TargetConfig(
         architecture=arch, **_dims(cfg, "target"),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
@@ -172,7 +190,59 @@ def resolve_target(cfg: dict) -> TargetConfig:
         qk_norm=arch == "qwen3",
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
         bos_token_id=cfg.get("bos_token_id"),
-        eos_token_ids=eos_ids,
+        eos_token_ids=_eos_ids(cfg),
+    )
+
+
+def _eos_ids(cfg: dict) -> tuple[int, ...]:
+    eos = cfg.get("eos_token_id")
+    return tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+
+
+LEGACY_LAYER_TYPES = {"attention": "full_attention", "mamba": "linear_attention"}
+
+
+def _resolve_qwen3_5(outer: dict, arch: str) -> TargetConfig:
+    """transformers' `qwen3_5` / `qwen3_5_moe`: a text-only config, or the multimodal one whose text
+    decoder sits under `text_config` (the vision tower is not run)."""
+    cfg = dict(outer.get("text_config") or outer)
+    for key in ("tie_word_embeddings", "eos_token_id", "bos_token_id"):
+        if key not in cfg and key in outer:
+            cfg[key] = outer[key]
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"hidden_act={cfg['hidden_act']!r} is not supported (only 'silu')")
+    layers = int(_require(cfg, "num_hidden_layers", "target"))
+    types = cfg.get("layer_types")
+    if types is None:
+        interval = int(cfg.get("full_attention_interval", 4))
+        if interval < 1:
+            raise ConfigError(f"full_attention_interval must be >= 1, got {interval}")
+        types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+    if not isinstance(types, list):
+        raise ConfigError(f"layer_types must be a list, got {types!r}")
+    types = tuple(LEGACY_LAYER_TYPES.get(t, t) for t in types)
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
+    deltanet = DeltaNetConfig(
+        num_k_heads=int(cfg.get("linear_num_key_heads", 16)), num_v_heads=int(cfg.get("linear_num_value_heads", 32)),
+        k_dim=int(cfg.get("linear_key_head_dim", 128)), v_dim=int(cfg.get("linear_value_head_dim", 128)),
+        conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)))
+    moe = None
+    if arch == "qwen3_5_moe":
+        moe = MoeConfig(num_experts=int(_require(cfg, "num_experts", "target")),
+                        top_k=int(_require(cfg, "num_experts_per_tok", "target")),
+                        expert_intermediate_size=int(_require(cfg, "moe_intermediate_size", "target")),
+                        shared_intermediate_size=int(_require(cfg, "shared_expert_intermediate_size", "target")))
+        cfg.setdefault("intermediate_size", moe.expert_intermediate_size)
+    return TargetConfig(
+        architecture=arch, **_dims(cfg, "target"),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qk_norm=True,
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=_eos_ids(cfg),
+        layer_types=types, deltanet=deltanet, moe=moe, partial_rotary_factor=float(partial),
+        attn_output_gate=True, norm_offset=True,
     )
 
 

@@ -18,12 +18,18 @@ from ..cache.views import ContextRead, KernelKV, causal_visibility
 
 
 class KVCache:
+    """`states`: the recurrent state of a hybrid target (`cache/state.py`, batch row i = slot i). It
+    cannot roll back by length: `truncate(n)` after a forward keeps that forward's first `n - start`
+    rows (the state replayed as `RecurrentStatePool.commit` does), and may not go below its start."""
+
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu", capacity: int = 256):
+                 dtype: torch.dtype, device: torch.device | str = "cpu", capacity: int = 256, states=None):
         shape = (batch, num_kv_heads, capacity, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.length = 0  # tokens whose K/V are committed
+        self.states = states
+        self._pending = None  # (start, StateStep) of the last forward, until truncate commits it
 
     @property
     def capacity(self) -> int:
@@ -43,13 +49,35 @@ class KVCache:
     def begin(self, t: int, causal: bool = True) -> "ContiguousStep":
         """A view for t new rows at positions length..length+t-1 (not committed until truncate)."""
         self.reserve(self.length + t)
-        return ContiguousStep(self, self.length, t, causal)
+        step = ContiguousStep(self, self.length, t, causal)
+        if self.states is not None:
+            self._commit_pending(self.length)      # a forward never truncated after keeps none of its rows
+            b = self.k[0].shape[0]
+            step.state = self.states.begin(list(range(b)), [t] * b)
+            self._pending = (self.length, t, step.state)
+        return step
 
     def truncate(self, length: int) -> None:
         """Keep only positions [0, length): the accepted prefix."""
         if not 0 <= length <= self.capacity:
             raise ValueError(f"cannot truncate cache to length {length} (capacity {self.capacity})")
+        if self.states is not None:
+            self._commit_pending(length)
         self.length = length
+
+    def _commit_pending(self, length: int) -> None:
+        """Make the recurrent state the state after position `length - 1`."""
+        if self._pending is None:
+            if length < self.length:
+                raise ValueError(f"cannot roll a recurrent state back to {length} (committed through "
+                                 f"{self.length}): truncate right after the forward that wrote those rows")
+            return
+        start, t, step = self._pending
+        if not start <= length <= start + t:
+            raise ValueError(f"cannot keep {length} positions: the last forward wrote rows {start}..{start + t - 1}")
+        b = self.k[0].shape[0]
+        self.states.commit(step, list(range(b)), [length - start] * b)
+        self._pending = None
 
     def context(self) -> ContextRead:
         """Everything committed, as the drafter's block reads it."""

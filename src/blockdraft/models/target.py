@@ -1,7 +1,9 @@
-"""Llama / Qwen3 decoder that returns logits and, in the same pass, the drafter's taps.
+"""Llama / Qwen3 / Qwen3.5 decoder that returns logits and, in the same pass, the drafter's taps.
 
 Qwen3 differs from Llama only by q/k RMSNorm per head (`qk_norm`); everything else
-(GQA, tied embeddings, RoPE scaling) is config. A tap of layer i is the residual stream
+(GQA, tied embeddings, RoPE scaling) is config. Qwen3.5's hybrid layers (Gated DeltaNet with
+per-sequence state, gated attention, MoE) live in `qwen3_5.py`; a step view's `state` carries
+their recurrent state. A tap of layer i is the residual stream
 after layer i; for the last layer its value depends on the drafter's tap point
 (`Taps.point`): "hidden_states" (HF `hidden_states[-1]`) is after the final norm,
 "layer_output" (DeepSpec DSpark) before it.
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..cache.state import RecurrentStatePool
 from ..config import Taps, TargetConfig
 from ..layers import cpu_kernels as kernels
 from ..layers.attention import attend
@@ -24,6 +27,7 @@ from ..layers.linear import StableLinear
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary, apply_rope
 from .kv_cache import KVCache
+from .qwen3_5 import HybridDecoderLayer, OffsetRMSNorm
 
 
 class TargetAttention(DirectCall):
@@ -107,10 +111,14 @@ class TargetModel(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.architecture.startswith("qwen3_5"):
+            self.layers = nn.ModuleList(HybridDecoderLayer(cfg, i) for i in range(cfg.num_layers))
+            self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        else:
+            self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = StableLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = Rotary(cfg.rope, cfg.head_dim)
+        self.rotary = Rotary(cfg.rope, cfg.rotary_dim)
         self.fused: kernels.LayerStack | None = None   # set by `layers/quant.py` where the CPU kernels take every layer
 
     def tie_weights(self) -> None:
@@ -126,8 +134,15 @@ class TargetModel(nn.Module):
         return self.embed_tokens.weight.device
 
     def new_cache(self, batch: int = 1, capacity: int = 256) -> KVCache:
+        """A contiguous cache for `batch` streams; with the recurrent state of a hybrid target's
+        DeltaNet layers (batch row i = state slot i)."""
         c = self.config
-        return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.dtype, self.device, capacity)
+        states = None
+        if c.hybrid:
+            states = RecurrentStatePool(c.state_layers, batch, c.deltanet, self.dtype, self.device)
+            for _ in range(batch):
+                states.acquire()
+        return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.dtype, self.device, capacity, states)
 
     def forward(self, input_ids: torch.Tensor, cache=None, tap_layers: Taps | tuple[int, ...] = (),
                 logits_rows: int | None = None, logits_at: torch.Tensor | None = None) -> TargetOutput:
@@ -140,8 +155,7 @@ class TargetModel(nn.Module):
         b, t = input_ids.shape
         step = cache.begin(t) if isinstance(cache, KVCache) else cache
         if step is None:
-            step = KVCache(len(self.layers), b, self.config.num_kv_heads, self.config.head_dim, self.dtype,
-                           self.device, t).begin(t)
+            step = self.new_cache(b, t).begin(t)
         cos, sin = self.rotary.cos_sin(step.positions, self.dtype)
         spec = tap_layers if isinstance(tap_layers, Taps) else Taps(tuple(tap_layers))
         tap_layers = spec.layers

@@ -1,0 +1,203 @@
+"""Qwen3.5 decoder layers (transformers `qwen3_5`, `qwen3_5_moe`): hybrid Gated DeltaNet + gated attention.
+
+Each layer is a token mixer — a Gated DeltaNet ("linear_attention", 3 of 4 layers by default) or a
+gated full-attention layer — then a SwiGLU MLP or a sparse MoE block. Norm gains are `(1 + w)`.
+The DeltaNet keeps per-sequence state (`cache/state.py`): its step view's `state` supplies the state
+before the rows and records what rollback needs; the forward never writes it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..cache.state import LayerRecord
+from ..config import TargetConfig
+from ..layers import cpu_kernels as kernels
+from ..layers.attention import attend
+from ..layers.deltanet import causal_conv, delta_rule, l2_normalize
+from ..layers.direct import DirectCall
+from ..layers.linear import StableLinear, stable_linear
+from ..layers.rope import apply_rope
+
+
+class OffsetRMSNorm(DirectCall):
+    """RMSNorm with gain (1 + w), applied in fp32 before the cast back (transformers' Qwen3.5 norm)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        variance = x32.pow(2).sum(-1, keepdim=True).div_(x.shape[-1]).add_(self.eps)
+        return (x32 * torch.rsqrt(variance) * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class GatedRMSNorm(DirectCall):
+    """The DeltaNet output norm: RMSNorm (gain w, cast back first) times SiLU(gate), per value head."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        variance = x32.pow(2).sum(-1, keepdim=True).div_(x.shape[-1]).add_(self.eps)
+        normed = self.weight * (x32 * torch.rsqrt(variance)).to(x.dtype)
+        return (normed * F.silu(gate.float())).to(x.dtype)
+
+
+class GatedDeltaNet(DirectCall):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        d = cfg.deltanet
+        self.cfg = d
+        self.key_dim, self.value_dim = d.num_k_heads * d.k_dim, d.num_v_heads * d.v_dim
+        self.in_proj_qkv = StableLinear(cfg.hidden_size, d.conv_dim, bias=False)
+        self.in_proj_z = StableLinear(cfg.hidden_size, self.value_dim, bias=False)
+        self.in_proj_b = StableLinear(cfg.hidden_size, d.num_v_heads, bias=False)
+        self.in_proj_a = StableLinear(cfg.hidden_size, d.num_v_heads, bias=False)
+        self.conv1d = nn.Module()
+        self.conv1d.weight = nn.Parameter(torch.empty(d.conv_dim, 1, d.conv_kernel))   # HF's Conv1d layout
+        self.dt_bias = nn.Parameter(torch.ones(d.num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(d.num_v_heads))
+        self.norm = GatedRMSNorm(d.v_dim, cfg.rms_norm_eps)
+        self.out_proj = StableLinear(self.value_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, state, layer: int) -> torch.Tensor:
+        """x [b, t, hidden]; `state` a `StateStep` -> [b, t, hidden]."""
+        b, t, _ = x.shape
+        d = self.cfg
+        conv_state, rec = state.initial(layer)                                   # [b, K-1, C], [b, H, dk, dv]
+        mixed = self.in_proj_qkv(x)                                              # [b, t, C]
+        conv = causal_conv(torch.cat([conv_state.to(mixed.dtype), mixed], 1), self.conv1d.weight[:, 0])
+        q, k, v = conv.to(x.dtype).float().split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        rep = d.num_v_heads // d.num_k_heads
+        q = l2_normalize(q.reshape(b, t, d.num_k_heads, d.k_dim)).repeat_interleave(rep, dim=2) * d.k_dim ** -0.5
+        k = l2_normalize(k.reshape(b, t, d.num_k_heads, d.k_dim)).repeat_interleave(rep, dim=2)
+        v = v.reshape(b, t, d.num_v_heads, d.v_dim)
+        beta = self.in_proj_b(x).sigmoid().float()                                # [b, t, H]
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        out, final, per_row = delta_rule(rec, q, k, v, g, beta, state.valid, state.keep_states)
+        state.record(layer, LayerRecord(mixed, q, k, v, g, beta, final, per_row))
+        z = self.in_proj_z(x).reshape(b, t, d.num_v_heads, d.v_dim)
+        out = self.norm(out.to(x.dtype), z)                                      # [b, t, H, dv]
+        return self.out_proj(out.reshape(b, t, self.value_dim))
+
+
+class GatedAttention(DirectCall):
+    """Full attention whose q_proj emits query and gate per head; q/k (1 + w) norms; rotary on the
+    first `rotary_dim` dims; output × sigmoid(gate) before o_proj."""
+
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.rotary_dim = cfg.rotary_dim
+        h, d = cfg.num_heads, cfg.head_dim
+        self.q_proj = StableLinear(cfg.hidden_size, h * d * 2, bias=cfg.attention_bias)
+        self.k_proj = StableLinear(cfg.hidden_size, cfg.num_kv_heads * d, bias=cfg.attention_bias)
+        self.v_proj = StableLinear(cfg.hidden_size, cfg.num_kv_heads * d, bias=cfg.attention_bias)
+        self.o_proj = StableLinear(h * d, cfg.hidden_size, bias=cfg.attention_bias)
+        self.q_norm = OffsetRMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = OffsetRMSNorm(d, cfg.rms_norm_eps)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        r = self.rotary_dim
+        if r == self.head_dim:
+            return apply_rope(x, cos, sin)
+        return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
+
+    def forward(self, x, cos, sin, step, layer: int):
+        b, t, _ = x.shape
+        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        q, gate = self.q_proj(x).view(b, t, h, 2 * d).chunk(2, dim=-1)
+        q = self._rope(self.q_norm(q).transpose(1, 2), cos, sin)
+        k = self._rope(self.k_norm(self.k_proj(x).view(b, t, hkv, d)).transpose(1, 2), cos, sin)
+        v = self.v_proj(x).view(b, t, hkv, d).transpose(1, 2)
+        k, v = step.kv(layer, k, v)
+        out = attend(q, k, v, step.visible, d ** -0.5)                          # [b, t, h*d]
+        return self.o_proj(out * torch.sigmoid(gate.reshape(b, t, h * d)))
+
+
+class DenseMLP(DirectCall):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = StableLinear(hidden, intermediate, bias=False)
+        self.up_proj = StableLinear(hidden, intermediate, bias=False)
+        self.down_proj = StableLinear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        act = kernels.swiglu(gate, up)
+        return self.down_proj(F.silu(gate) * up if act is None else act)
+
+
+class Router(nn.Module):
+    def __init__(self, hidden: int, num_experts: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_experts, hidden))
+
+
+class Experts(nn.Module):
+    """Expert weights stacked as transformers keeps them: gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
+
+    def __init__(self, hidden: int, intermediate: int, num_experts: int):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+
+
+class SparseMoe(DirectCall):
+    """Softmax router over all experts, top-k renormalised (fp32), each token's experts summed in
+    ascending expert order, plus the sigmoid-gated shared expert. Every matmul is row-invariant, and a
+    token's sum depends only on its own experts, so a row's output does not depend on its batch."""
+
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        m = cfg.moe
+        self.top_k, self.num_experts = m.top_k, m.num_experts
+        self.gate = Router(cfg.hidden_size, m.num_experts)
+        self.experts = Experts(cfg.hidden_size, m.expert_intermediate_size, m.num_experts)
+        self.shared_expert = DenseMLP(cfg.hidden_size, m.shared_intermediate_size)
+        self.shared_expert_gate = StableLinear(cfg.hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])                                          # [n, H]
+        logits = stable_linear(flat, self.gate.weight)                           # [n, E]
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        top_p, top_i = torch.topk(probs, self.top_k, dim=-1)                     # [n, k]
+        top_p = (top_p / top_p.sum(dim=-1, keepdim=True)).to(logits.dtype)
+        out = torch.zeros_like(flat)
+        for e in torch.unique(top_i).tolist():                                  # ascending expert ids
+            token, slot = torch.where(top_i == e)
+            gate, up = stable_linear(flat[token], self.experts.gate_up_proj[e]).chunk(2, dim=-1)
+            y = stable_linear(F.silu(gate) * up, self.experts.down_proj[e]) * top_p[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        shared = torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        return (out + shared).view(shape)
+
+
+class HybridDecoderLayer(DirectCall):
+    def __init__(self, cfg: TargetConfig, layer: int):
+        super().__init__()
+        self.kind = cfg.layer_type(layer)
+        if self.kind == "linear_attention":
+            self.linear_attn = GatedDeltaNet(cfg)
+        else:
+            self.self_attn = GatedAttention(cfg)
+        self.mlp = SparseMoe(cfg) if cfg.moe is not None else DenseMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, step, layer):
+        h = self.input_layernorm(x)
+        if self.kind == "linear_attention":
+            x = x + self.linear_attn(h, step.state, layer)
+        else:
+            x = x + self.self_attn(h, cos, sin, step, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))

@@ -1,0 +1,132 @@
+"""Tiny random Qwen3.5 targets (dense and MoE, text-only and multimodal layouts) built with transformers
+5.15 and saved with `save_pretrained`, as a user's checkpoint would be; and random drafters for them."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from blockdraft.loading import load_drafter, load_target
+
+VOCAB = 96
+LAYERS = 4                  # layer_types: linear, linear, linear, full (full_attention_interval 4)
+
+
+def _text_config(moe: bool) -> dict:
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=LAYERS,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+               linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+               linear_num_key_heads=2, linear_num_value_heads=4, rms_norm_eps=1e-6, tie_word_embeddings=False,
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+               eos_token_id=VOCAB - 2, bos_token_id=1)
+    if moe:
+        cfg.update(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+    return cfg
+
+
+def hf_model(moe: bool = False, multimodal: bool = False, seed: int = 0):
+    """A random transformers Qwen3.5 model whose parameters all have visible magnitude (the (1 + w) norms
+    and the DeltaNet's A_log / dt_bias get random values too)."""
+    import transformers as tf
+    torch.manual_seed(seed)
+    text = _text_config(moe)
+    if multimodal:
+        cls, cfg_cls = ((tf.Qwen3_5MoeForConditionalGeneration, tf.Qwen3_5MoeConfig) if moe
+                        else (tf.Qwen3_5ForConditionalGeneration, tf.Qwen3_5Config))
+        vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64, patch_size=4,
+                      num_position_embeddings=16)
+        config = cfg_cls(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    else:
+        cls, cfg_cls = ((tf.Qwen3_5MoeForCausalLM, tf.Qwen3_5MoeTextConfig) if moe
+                        else (tf.Qwen3_5ForCausalLM, tf.Qwen3_5TextConfig))
+        config = cfg_cls(**text)
+    config._attn_implementation = "eager"
+    model = cls(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0, 0.2)                       # (1 + w) and gated-norm gains off their init
+            elif name.endswith("A_log"):
+                p.uniform_(-1.0, 1.0)
+            elif name.endswith("dt_bias"):
+                p.normal_(0.0, 0.5)
+            elif name.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 0.5)
+            else:
+                p.normal_(0.0, 0.15)
+    return model
+
+
+@lru_cache(maxsize=None)
+def checkpoint(root: str, moe: bool = False, multimodal: bool = False) -> Path:
+    """Saved once per test session under `root`."""
+    path = Path(root) / f"qwen3_5{'_moe' if moe else ''}{'_mm' if multimodal else ''}"
+    if not (path / "config.json").is_file():
+        hf_model(moe, multimodal).save_pretrained(path)
+    return path
+
+
+def drafter_dir(root: Path, kind: str, taps: tuple[int, ...] = (0, 3), seed: int = 1,
+                layout: str = "zlab") -> Path:
+    """A random DFlash / DSpark drafter for the tiny Qwen3.5 target (hidden 64), in the z-lab layout
+    (DFlash) or DeepSpec's (DSpark), or speculators' (`layout="speculators"`)."""
+    from safetensors.torch import save_file
+    torch.manual_seed(seed)
+    path = Path(root) / f"{kind}-{layout}-{'-'.join(map(str, taps))}-{seed}"
+    if (path / "config.json").is_file():
+        return path
+    path.mkdir(parents=True)
+    hidden, inter, layers, heads, kv, hd = 64, 96, 1, 4, 2, 16
+    block = 4
+    cfg = {"hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+           "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd, "vocab_size": VOCAB,
+           "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 512,
+           "layer_types": ["full_attention"] * layers, "block_size": block}
+    tensors = {"fc.weight": torch.randn(hidden, len(taps) * hidden) * 0.1,
+               "hidden_norm.weight": torch.ones(hidden), "norm.weight": torch.ones(hidden)}
+    for i in range(layers):
+        p = f"layers.{i}."
+        tensors.update({p + "self_attn.q_proj.weight": torch.randn(heads * hd, hidden) * 0.1,
+                        p + "self_attn.k_proj.weight": torch.randn(kv * hd, hidden) * 0.1,
+                        p + "self_attn.v_proj.weight": torch.randn(kv * hd, hidden) * 0.1,
+                        p + "self_attn.o_proj.weight": torch.randn(hidden, heads * hd) * 0.1,
+                        p + "self_attn.q_norm.weight": torch.ones(hd), p + "self_attn.k_norm.weight": torch.ones(hd),
+                        p + "mlp.gate_proj.weight": torch.randn(inter, hidden) * 0.1,
+                        p + "mlp.up_proj.weight": torch.randn(inter, hidden) * 0.1,
+                        p + "mlp.down_proj.weight": torch.randn(hidden, inter) * 0.1,
+                        p + "input_layernorm.weight": torch.ones(hidden),
+                        p + "post_attention_layernorm.weight": torch.ones(hidden)})
+    if kind == "dspark":
+        rank = 8
+        cfg.update(architectures=["Qwen3DSparkModel"], markov_rank=rank, enable_confidence_head=True,
+                   dspark_config={"target_layer_ids": list(taps), "mask_token_id": VOCAB - 1, "block_size": block})
+        tensors.update({"markov_head.markov_w1.weight": torch.randn(VOCAB, rank) * 0.3,
+                        "markov_head.markov_w2.weight": torch.randn(VOCAB, rank) * 0.3,
+                        "confidence_head.proj.weight": torch.randn(1, hidden + rank) * 0.1,
+                        "confidence_head.proj.bias": torch.zeros(1)})
+    else:
+        cfg.update(architectures=["DFlashDraftModel"],
+                   dflash_config={"target_layer_ids": list(taps), "mask_token_id": VOCAB - 1})
+    if layout == "speculators":
+        inner = {k: cfg.pop(k) for k in list(cfg) if k not in ("architectures",)}
+        nested = inner.pop("dspark_config", None) or inner.pop("dflash_config")
+        cfg = {"speculators_model_type": kind, "architectures": ["DSparkSpeculator" if kind == "dspark"
+                                                                  else "DFlashSpeculator"],
+               "transformer_layer_config": inner, **{k: v for k, v in nested.items()},
+               "aux_hidden_state_layer_ids": list(nested["target_layer_ids"])}
+        cfg.pop("target_layer_ids")
+        for k in ("markov_rank", "enable_confidence_head"):
+            if k in inner:
+                cfg[k] = inner.pop(k)
+    (path / "config.json").write_text(json.dumps(cfg, indent=1))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"))
+    return path
+
+
+def load_pair(root: Path, kind: str | None, moe: bool = False, dtype: str = "bfloat16", taps=(0, 3), seed: int = 1):
+    target = load_target(checkpoint(str(root), moe), dtype=dtype)
+    drafter = None if kind is None else load_drafter(drafter_dir(root, kind, taps, seed), target)
+    return target, drafter
