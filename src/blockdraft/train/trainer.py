@@ -93,11 +93,12 @@ def teacher_force(target: TargetModel, seqs: list[TeacherSeq], taps: Taps | tupl
 
 
 def teacher_data(target: TargetModel, prompts: list[list[int]], new_tokens: int, taps: Taps | tuple[int, ...],
-                 eos_ids: frozenset[int] = frozenset(), max_batch: int = 32, progress: bool = False
-                 ) -> list[TeacherSeq]:
-    """Each prompt + the target's greedy response (stopping at `eos_ids`), with taps (read at the
-    drafter's tap point) and the target's final hidden state, held in memory (small data)."""
-    responses = teacher_responses(target, prompts, new_tokens, eos_ids, max_batch, progress)
+                 eos_ids: frozenset[int] = frozenset(), max_batch: int = 32, progress: bool = False,
+                 responses: list[list[int]] | None = None) -> list[TeacherSeq]:
+    """Each prompt + the target's greedy response (stopping at `eos_ids`; `responses`: made already), with
+    taps (read at the drafter's tap point) and the target's final hidden state, held in memory (small data)."""
+    if responses is None:
+        responses = teacher_responses(target, prompts, new_tokens, eos_ids, max_batch, progress)
     seqs = [TeacherSeq(torch.tensor(p + r), None, None, len(p)) for p, r in zip(prompts, responses)]
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].ids))
     data: list[TeacherSeq | None] = [None] * len(seqs)
@@ -270,12 +271,13 @@ def fit_jointly(drafters: dict[str, BlockDrafter], data: list[TeacherSeq], cfg: 
 
 def train(drafter: BlockDrafter, target: TargetModel, prompts: list[list[int]], eval_prompts: list[list[int]],
           cfg: TrainConfig, out_dir: Path, progress: bool = True, eos_ids: frozenset[int] = frozenset(),
-          data: list[TeacherSeq] | None = None) -> dict:
-    """Teacher data → `fit` (resumable) → published checkpoint, training.json, plot."""
+          data: list[TeacherSeq] | None = None, responses: list[list[int]] | None = None) -> dict:
+    """Teacher data (from `responses` to `prompts` when given) → `fit` (resumable) → published
+    checkpoint, training.json, plot."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if data is None:
         data = teacher_data(target, prompts, cfg.new_tokens, drafter.config.taps, eos_ids,
-                            progress=progress)
+                            progress=progress, responses=responses)
     t0 = time.perf_counter()
     history = fit(drafter, data, cfg, out_dir / "trainer_state.pt", progress, target.lm_head, target)
     summary = {"config": asdict(cfg), "train_seconds": time.perf_counter() - t0, "history": history,
