@@ -156,3 +156,19 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out.strip() == f"blockdraft {version('blockdraft')}"
+
+
+def test_a_users_checkpoint_gets_the_fastest_lossless_numerics(capsys, tmp_path):
+    """--dtype auto: a bf16 checkpoint runs in bf16 (row-invariant on the CPU, so speculation is bit-exact),
+    as the default model does; an fp32 checkpoint keeps fp32 (bf16 would round its weights); no int4."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    auto = run_json(capsys, *TINY, "--prompt-ids", "5,6,7", "--max-new-tokens", "4")["numerics"]
+    assert (auto["dtype"], auto["quantization"], auto["row_invariant"]) == ("bfloat16", "none", True)
+    fp32 = tmp_path / "fp32"
+    shutil.copytree(ASSETS / "target-qwen3", fp32)
+    save_file({k: v.float() for k, v in load_file(fp32 / "model.safetensors").items()}, fp32 / "model.safetensors")
+    stored = run_json(capsys, "--target", str(fp32), "--prompt-ids", "5,6,7", "--max-new-tokens", "4")["numerics"]
+    assert (stored["dtype"], stored["row_invariant"]) == ("float32", False)

@@ -36,7 +36,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=["dflash", "dflash2", "dspark"],
                    help="force the drafter kind (default: what the drafter's config declares)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                   help="auto: bfloat16 (row-invariant, exactly lossless) for the default model, float32 otherwise")
+                   help="auto: bfloat16 for the default model and for a checkpoint stored in bf16 (its own precision; "
+                   "row-invariant on the CPU, so speculation is bit-exact), float32 for one stored in fp32/fp16 on "
+                   "the CPU; --json reports the choice under numerics")
     _quantization_arg(p)
     _device_arg(p)
     p.add_argument("--adaptive-speculation", action=argparse.BooleanOptionalAction, default=True,
@@ -219,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--temperatures", default="0,1", help="comma-separated, e.g. 0,1")
     b.add_argument("--repeats", type=int, default=3, help="timed runs per configuration (the median is kept)")
     b.add_argument("--no-hf", action="store_true", help="skip the transformers generate baseline")
-    b.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 for the default model")
+    b.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="as for generate: bfloat16 for the default model and bf16 checkpoints")
     _quantization_arg(b)
     _device_arg(b)
     b.add_argument("--batch-sizes", default="1", help="comma-separated batch sizes, e.g. 1,8 (HF runs batch 1)")
@@ -266,7 +269,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from .bench.run import BenchConfig, plot, run_bench, table
     from .errors import ConfigError
-    from .llm import is_default_target, resolve_drafter_dir, target_dir_of
+    from .llm import is_default_target, resolve_drafter_dir, target_dir_of, target_dtype
     from .numerics import resolve_device, resolve_quantization
 
     drafters = {}
@@ -282,7 +285,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg = BenchConfig(sets=tuple(args.sets.split(",")), prompts_per_set=2 if args.quick else args.prompts,
                       max_new_tokens=24 if args.quick else args.max_new_tokens, temperatures=temps,
                       repeats=1 if args.quick else args.repeats, hf_baseline=not args.no_hf,
-                      dtype=args.dtype or ("bfloat16" if is_default_target(args.target) else "float32"),
+                      dtype=target_dtype(args.target, target_dir_of(args.target), args.dtype, args.device),
                       batch_sizes=batch_sizes, adaptive=args.adaptive_speculation,
                       quantization=resolve_quantization(args.quantization, args.device,
                                                         default_model=is_default_target(args.target),

@@ -54,6 +54,16 @@ def resolve_drafter_dir(target: str | Path | None, drafter: str | Path | None) -
     return Path(drafter)
 
 
+def target_dtype(target: str | Path | None, target_dir: Path, requested: str | None, device: str) -> str:
+    """The dtype `target` loads in: `requested`, else `numerics.resolve_dtype`'s choice for its stored weights."""
+    stored = None
+    if requested in (None, "auto") and not is_default_target(target):
+        from .checkpoints.weights import stored_dtype
+
+        stored = stored_dtype(target_dir)
+    return resolve_dtype(requested, device, default_model=is_default_target(target), stored=stored)
+
+
 def width_policy_file(target_dir: Path, drafter_dir: Path, numerics: str, device, confidence_threshold: float
                       ) -> Path:
     """Where the width policy's measurements for these models on this machine persist."""
@@ -90,8 +100,8 @@ class LLM:
             raise ConfigError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
         drafter_dir = resolve_drafter_dir(target, drafter)
         device = resolve_device(device)
-        dtype = resolve_dtype(dtype, device, default_model=is_default_target(target))
         target_dir = target_dir_of(target)
+        dtype = target_dtype(target, target_dir, dtype, device)
         tensor_parallel = tp is not None and tp.world > 1
         quantization = resolve_quantization(quantization, device, default_model=is_default_target(target),
                                             tensor_parallel=tensor_parallel, dtype=dtype)

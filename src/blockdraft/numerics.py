@@ -1,12 +1,12 @@
 """Which numerics to run in, and what the machine offers.
 
-`--dtype auto` (the default): the default model runs in bf16 — the dtype its drafters were
-trained against and the one whose kernels `layers/linear.py` and `layers/attention.py` make
-row-invariant, so speculative greedy output equals plain greedy output bit for bit. fp32 on
-MKL is not row-invariant (its one-row GEMV and multi-row GEMM round differently), so fp32
-speculation is lossless only up to fp32 rounding at near-ties; it is never chosen by `auto`
-for the default model. Other targets keep fp32 on the CPU (their checkpoints are compared
-with transformers in fp32) and bf16 on CUDA.
+`--dtype auto` (the default): bf16 for the default model and for any checkpoint stored in bf16
+(most published ones) — their own precision, and the dtype whose kernels `layers/linear.py`
+and `layers/attention.py` make row-invariant on the CPU, so speculative greedy output equals
+plain greedy output bit for bit. fp32 on MKL is not row-invariant (its one-row GEMV and
+multi-row GEMM round differently), so fp32 speculation is lossless only up to fp32 rounding at
+near-ties; `auto` keeps it only for a checkpoint stored in fp32 or fp16 on the CPU (bf16 would
+round its weights into another model). CUDA runs bf16 (not row-invariant there: `describe`).
 
 CPUs with AVX512-BF16 or AMX run multi-row bf16 matmuls natively (a 9-row verify costs about
 a 1-row step); on AVX2-only CPUs they are emulated and cost grows with the row count. Either
@@ -82,12 +82,14 @@ def resolve_device(requested: str | None) -> str:
     raise ConfigError(f"--device {name!r} is not a device (choose cpu, cuda or cuda:N)")
 
 
-def resolve_dtype(requested: str | None, device: str = "cpu", default_model: bool = False) -> str:
-    """`auto`/None -> the dtype to load in; explicit names pass through (validated)."""
+def resolve_dtype(requested: str | None, device: str = "cpu", default_model: bool = False,
+                  stored: str | None = None) -> str:
+    """`auto`/None -> the dtype to load in (`stored`: the checkpoint's own weight dtype); explicit names
+    pass through (validated)."""
     if requested not in (None, "auto"):
         torch_dtype(requested)                  # validated here, before anything loads
         return requested
-    if default_model or str(device).startswith("cuda"):
+    if default_model or str(device).startswith("cuda") or stored == "bfloat16":
         return "bfloat16"
     return "float32"
 

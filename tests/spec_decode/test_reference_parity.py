@@ -107,8 +107,8 @@ def test_last_layer_through_the_python_api():
 
     for name in ("dspark-last", "dflash-last"):
         cases = [(g, c) for g, c in LAST_LAYER if c["drafter"] == name]
-        llm = blockdraft.LLM(target=ASSETS / "target-qwen3", drafter=ASSETS / name, max_batch=4,
-                             adaptive_speculation=False)
+        llm = blockdraft.LLM(target=ASSETS / "target-qwen3", drafter=ASSETS / name, max_batch=4, dtype="float32",
+                             adaptive_speculation=False)      # the goldens are fp32 runs
         outs = llm.generate(prompt_token_ids=[c["prompt"] for _, c in cases],
                             sampling_params=SamplingParams(max_tokens=cases[0][0]["max_new_tokens"], ignore_eos=True))
         assert [o.token_ids for o in outs] == [c["tokens"] for _, c in cases]
@@ -120,6 +120,7 @@ def test_last_layer_through_the_cli(capsys, name):
     golden, case = next((g, c) for g, c in LAST_LAYER if c["drafter"] == name)
     assert main(["generate", "--target", str(ASSETS / "target-qwen3"), "--drafter", str(ASSETS / name),
                  "--prompt-ids", ",".join(map(str, case["prompt"])), "--max-new-tokens",
-                 str(golden["max_new_tokens"]), "--ignore-eos", "--json", "--no-adaptive-speculation"]) == 0
+                 str(golden["max_new_tokens"]), "--ignore-eos", "--json", "--no-adaptive-speculation",
+                 "--dtype", "float32"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["token_ids"] == case["tokens"] and out["acceptance_lengths"] == case["acceptance_lengths"]

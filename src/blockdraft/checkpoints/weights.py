@@ -40,6 +40,31 @@ def tensor_names(model_dir: Path) -> list[str]:
     return names
 
 
+SAFETENSORS_FLOATS = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+
+
+def stored_dtype(model_dir: Path) -> str | None:
+    """The floating dtype holding most of a HF directory's weights, from the file headers (None when
+    there are no readable safetensors: loading then names what is missing)."""
+    import math
+
+    from safetensors import safe_open
+
+    try:
+        files = _safetensor_files(Path(model_dir))
+    except CheckpointError:
+        return None
+    elements: dict[str, int] = {}
+    for f in files:
+        with safe_open(str(f), "pt") as handle:
+            for name in handle.keys():
+                piece = handle.get_slice(name)
+                dtype = SAFETENSORS_FLOATS.get(piece.get_dtype())
+                if dtype is not None:
+                    elements[dtype] = elements.get(dtype, 0) + math.prod(piece.get_shape())
+    return max(elements, key=elements.get) if elements else None
+
+
 def _safetensor_files(model_dir: Path) -> list[Path]:
     if not model_dir.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {model_dir}")
