@@ -85,3 +85,27 @@ def test_batched_generate_equals_single_stream(llm):
     for p, o in zip(prompts, outs):
         assert o.token_ids == generate_one(llm.target, p, params, llm.drafter).token_ids
     assert llm.engine.blocks.num_free == llm.engine.plan.num_blocks
+
+
+def test_context_limit_is_the_models_or_the_users_not_4096(tmp_path):
+    """No silent 4096 cap: the model's max_position_embeddings (or `max_model_len`) bounds a request, and
+    `max_model_len_source` says which; the default cache still holds max_batch sequences of a sensible
+    length (not max_batch full-length ones) and at least one full-length sequence."""
+    import json
+    import shutil
+
+    long = tmp_path / "long"
+    shutil.copytree(ASSETS / "target-qwen3", long)
+    config = json.loads((long / "config.json").read_text())
+    (long / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 16384}))
+    llm = blockdraft.LLM(target=long, drafter=ASSETS / "dspark", max_batch=8)
+    assert llm.engine.max_model_len == 16384
+    assert llm.max_model_len == 16384 and "max_position_embeddings" in llm.max_model_len_source
+    rid = llm.engine.add_request(list(range(3, 100)) * 100, blockdraft.SamplingParams(max_tokens=6000))
+    llm.engine.abort(rid)                      # 15700 tokens admitted; not run
+    plan = llm.engine.plan
+    assert 16384 < plan.num_blocks * plan.page_size < 8 * 16384
+    mine = blockdraft.LLM(target=long, drafter="none", max_model_len=1024, max_batch=2)
+    assert mine.max_model_len == 1024 and mine.max_model_len_source == "max_model_len"
+    with pytest.raises(RequestError, match="context"):
+        mine.engine.add_request([5] * 1000, blockdraft.SamplingParams(max_tokens=100))

@@ -3,6 +3,8 @@
 Owns the loaded models and the tokenizer; turns text into ids and ids back into
 text (cutting stop strings). Prompts run through the batch engine (`max_batch`
 at a time, paged cache sized for them unless `cache_budget_bytes` is given).
+A request may reach `max_model_len`, else the target's max_position_embeddings
+(`max_model_len_source` says which).
 With `adaptive_speculation` (the default) greedy requests verify the number of drafts that
 measures fastest on this machine and batch size (`engine/policy.py`; 0 = a plain step), so
 acceptance lengths then include plain steps (AL 1); output is the same either way. Off, every
@@ -11,6 +13,7 @@ step drafts the full width (capped by `num_speculative_tokens`).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +25,9 @@ from .numerics import describe, resolve_device, resolve_dtype, resolve_quantizat
 from .sampling.params import SamplingParams
 from .tokenizer import TextStream, Tokenizer
 
+log = logging.getLogger(__name__)
+
+BUDGET_ROW_TOKENS = 4096       # tokens per batch row the default cache budget holds under a longer model limit
 TINY_ASSETS = Path(__file__).parent / "assets" / "tiny"            # test fixtures (random tiny Qwen3 + drafters)
 SHIPPED_DRAFTERS = Path(__file__).parent / "assets" / "smollm2"     # trained here for the default target
 DEFAULT_DRAFTERS = {"dflash": SHIPPED_DRAFTERS / "dflash", "dspark": SHIPPED_DRAFTERS / "dspark"}
@@ -121,11 +127,16 @@ class LLM:
 
             shard_models(self.target, [self.drafter] if self.drafter is not None else [], tp)
             adaptive_speculation = False          # timing-based decisions would differ between ranks
-        max_len = max_model_len or min(self.target.config.max_position_embeddings, 4096)
-        budget = cache_budget_bytes or default_cache_budget(self.target, self.drafter, max_len, max_batch)
+        if max_model_len is not None:
+            self.max_model_len, self.max_model_len_source = max_model_len, "max_model_len"
+        else:
+            self.max_model_len = self.target.config.max_position_embeddings
+            self.max_model_len_source = "the target's max_position_embeddings"
+        log.info("context limit: %d tokens (%s)", self.max_model_len, self.max_model_len_source)
+        budget = cache_budget_bytes or self._default_budget(self.max_model_len, max_batch, max_model_len is not None)
         remember = remember_width_costs and adaptive_speculation and self.drafter is not None
         self.engine = LLMEngine(self.target, self.drafter, EngineConfig(
-            max_batch=max_batch, cache_budget_bytes=budget, max_model_len=max_len,
+            max_batch=max_batch, cache_budget_bytes=budget, max_model_len=self.max_model_len,
             prefix_caching=prefix_caching, confidence_threshold=confidence_threshold,
             adaptive_speculation=adaptive_speculation, num_speculative_tokens=num_speculative_tokens,
             policy_file=str(width_policy_file(target_dir, drafter_dir, self.numerics, device,
@@ -136,6 +147,15 @@ class LLM:
             from .parallel.mirror import MirroredEngine
 
             self.engine = MirroredEngine(self.engine, tp)
+
+    def _default_budget(self, max_len: int, max_batch: int, users_limit: bool) -> int:
+        """KV bytes for `max_batch` sequences of `max_len` tokens when the user set that limit; under the
+        model's own (often 32k+) limit, `max_batch` rows of at most BUDGET_ROW_TOKENS and room for one
+        full-length sequence, so memory stays sane and any admitted request still fits alone."""
+        if users_limit or max_len <= BUDGET_ROW_TOKENS:
+            return default_cache_budget(self.target, self.drafter, max_len, max_batch)
+        return max(default_cache_budget(self.target, self.drafter, BUDGET_ROW_TOKENS, max_batch),
+                   default_cache_budget(self.target, self.drafter, max_len, 1))
 
     def _eos_ids(self) -> frozenset[int]:
         ids = set(self.target.config.eos_token_ids)
