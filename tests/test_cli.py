@@ -115,6 +115,8 @@ def test_serve_shuts_down_cleanly_on_sigint():
             next(r.iter_lines())                                  # a request is in flight
             proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
+        banner = [line for line in proc.stdout.read().splitlines() if f"http://127.0.0.1:{port}/v1" in line]
+        assert len(banner) == 1 and "max batch 8" in banner[0] and "cache" in banner[0], banner
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -172,3 +174,13 @@ def test_a_users_checkpoint_gets_the_fastest_lossless_numerics(capsys, tmp_path)
     save_file({k: v.float() for k, v in load_file(fp32 / "model.safetensors").items()}, fp32 / "model.safetensors")
     stored = run_json(capsys, "--target", str(fp32), "--prompt-ids", "5,6,7", "--max-new-tokens", "4")["numerics"]
     assert (stored["dtype"], stored["row_invariant"]) == ("float32", False)
+
+
+def test_loading_shows_progress_on_a_terminal_and_json_stays_pure(capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    out = run_json(capsys, *TINY_DSPARK, "--prompt-ids", "5,6,7", "--max-new-tokens", "4")
+    assert out["token_ids"]                                  # stdout parsed as one JSON object
+    assert main(["generate", *TINY_DSPARK, "--prompt-ids", "5,6,7", "--max-new-tokens", "4", "--json"]) == 0
+    err = capsys.readouterr().err
+    for stage in ("loading target", "loading drafter", "cache", "ready"):
+        assert stage in err, (stage, err)

@@ -432,7 +432,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from .server.app import build_app
+        from .server.app import build_app, startup_line
     except ImportError as e:
         raise ConfigError(f"serve needs the serve extra ({e.name} is missing): pip install 'blockdraft[serve]'")
     from .llm import LLM
@@ -452,6 +452,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 0
     llm = LLM(**kwargs, remember_width_costs=True)
     app = build_app(llm, model_name=args.model_name, api_key=args.api_key)
+    print(startup_line(llm, args.host, args.port), file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
 
@@ -572,11 +573,28 @@ def _stream_to_terminal(llm, prompt_ids: list[int], params) -> int:
     return 0
 
 
+def _progress_handler():
+    """Loading stages (`blockdraft.*` INFO lines) on stderr when it is a terminal; warnings always.
+    stdout stays what the command prints (pure JSON with --json)."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setLevel(logging.INFO if sys.stderr.isatty() else logging.WARNING)
+    logger = logging.getLogger("blockdraft")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    return handler
+
+
 def main(argv: list[str] | None = None) -> int:
+    import logging
+
     from .errors import BlockdraftError
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    handler = _progress_handler()
     try:
         return args.func(args)
     except BlockdraftError as e:
@@ -586,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
         reset = "\033[0m" if red else ""
         print(f"{red}error: {e}{reset}", file=sys.stderr)
         return 2
+    finally:
+        logging.getLogger("blockdraft").removeHandler(handler)
 
 
 if __name__ == "__main__":

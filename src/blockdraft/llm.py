@@ -14,6 +14,7 @@ step drafts the full width (capped by `num_speculative_tokens`).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -114,9 +115,14 @@ class LLM:
         if quantization != "none" and tensor_parallel:
             raise ConfigError(f"quantization={quantization} with tensor parallelism is not supported "
                               "(the weight-only layers are not sharded); use quantization=none")
+        started = time.perf_counter()
+        log.info("loading target %s (%s%s, %s)", target_dir, dtype,
+                 "" if quantization == "none" else f", {quantization} weights", device)
         self.target = load_target(target_dir, dtype, quantization, device)
         self.numerics = describe(self.target.dtype, getattr(self.target, "quantization", "none"),
                                  getattr(self.target, "quantization_kernel", None), device)
+        if drafter_dir is not None:
+            log.info("loading drafter %s", drafter_dir)
         self.drafter = load_drafter(drafter_dir, self.target, mode=mode, block_size=block_size) \
             if drafter_dir is not None else None
         self.tokenizer = Tokenizer(target_dir) if (target_dir / "tokenizer.json").is_file() else None
@@ -143,10 +149,13 @@ class LLM:
                                               confidence_threshold)) if remember else None),
             self._eos_ids(),
             self.tokenizer.decode if self.tokenizer is not None else None)
+        plan = self.engine.plan
+        log.info("cache: %d pages of %d tokens (%.0f MiB)", plan.num_blocks, plan.page_size, plan.total_bytes / 2**20)
         if tp is not None and tp.world > 1 and tp.rank == 0:
             from .parallel.mirror import MirroredEngine
 
             self.engine = MirroredEngine(self.engine, tp)
+        log.info("ready in %.1f s", time.perf_counter() - started)
 
     def _default_budget(self, max_len: int, max_batch: int, users_limit: bool) -> int:
         """KV bytes for `max_batch` sequences of `max_len` tokens when the user set that limit; under the

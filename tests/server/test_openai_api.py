@@ -175,3 +175,13 @@ def test_non_text_content_parts_are_refused_not_dropped(client):
         client.chat.completions.create(model="tiny", max_tokens=3, messages=[
             {"role": "user", "content": [{"type": "text", "text": "what is this?"}, image]}])
     assert e.value.param == "messages" and "image_url" in e.value.message
+
+
+def test_startup_line_says_what_is_served(server):
+    from blockdraft.server.app import startup_line
+
+    line = startup_line(server.llm, "127.0.0.1", 8000)
+    assert "\n" not in line
+    for part in ("http://127.0.0.1:8000/v1", "target-qwen3", "drafter dspark", "bfloat16", "device cpu",
+                 "max batch 8", "cache ", "MiB", "context 512"):
+        assert part in line, (part, line)

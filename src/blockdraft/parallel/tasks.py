@@ -54,6 +54,7 @@ class ServeJob:
 def serve_task(tp: TPGroup, job: ServeJob) -> None:
     """Rank 0 serves HTTP and schedules; the other ranks follow its steps."""
     import signal
+    import sys
 
     from ..llm import LLM
     from .mirror import follow
@@ -65,8 +66,9 @@ def serve_task(tp: TPGroup, job: ServeJob) -> None:
         return
     import uvicorn
 
-    from ..server.app import build_app
+    from ..server.app import build_app, startup_line
 
+    print(f"{startup_line(llm, job.host, job.port)} | tp {tp.world}", file=sys.stderr, flush=True)
     try:
         uvicorn.run(build_app(llm, model_name=job.model_name, api_key=job.api_key), host=job.host, port=job.port,
                     log_level="info")

@@ -25,6 +25,17 @@ from .metrics import ServerMetrics
 from .protocol import ApiError, chat_messages, check_fields, completion_prompt, sampling_params
 
 
+def startup_line(llm: LLM, host: str, port: int) -> str:
+    """What `serve` prints once it is ready: where, what, in which numerics, and how much."""
+    n, plan = llm.numerics, llm.engine.plan
+    numerics = n["dtype"] + ("" if n["quantization"] == "none" else f" {n['quantization']} weights")
+    numerics += ", row-invariant" if n["row_invariant"] else ""
+    drafter = "none" if llm.drafter is None else f"{llm.drafter.config.kind} ({llm.drafter.source_dir})"
+    return (f"blockdraft serving http://{host}:{port}/v1 | target {llm.target.source_dir} | drafter {drafter} | "
+            f"{numerics} | device {n['device']} | max batch {llm.max_batch} | cache {plan.total_bytes / 2**20:.0f} MiB "
+            f"({plan.num_blocks} pages of {plan.page_size} tokens) | context {llm.max_model_len}")
+
+
 def build_app(llm: LLM, model_name: str = "blockdraft", api_key: str | None = None,
               default_max_tokens: int = 16) -> FastAPI:
     metrics = ServerMetrics(max_al=(llm.drafter.config.num_draft_tokens + 1) if llm.drafter else 1)
