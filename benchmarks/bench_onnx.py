@@ -28,16 +28,14 @@ from pathlib import Path
 from blockdraft.bench import ortgenai
 from blockdraft.bench.ortgenai import until_eos
 from blockdraft.bench.prompt_sets import load_set
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # the single-sequence oracle
-from decode_oracle import generate_one  # noqa: E402
 from blockdraft.default_model import cache_root, smollm2_dir
+from blockdraft.engine.engine import sized_engine
 from blockdraft.export.onnx_export import export_onnx
 from blockdraft.engine.onnx_runner import onnx_engine
 from blockdraft.llm import DEFAULT_DRAFTERS
 from blockdraft.loading import load_target
 from blockdraft.numerics import cpu_model
 from blockdraft.sampling.params import SamplingParams
-from blockdraft.sampling.stops import StopCriteria
 from blockdraft.tokenizer import Tokenizer
 from results_io import new_figure, save_figure, write_results
 
@@ -45,11 +43,12 @@ CACHE = cache_root()
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--batches", default="1,4")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=4, help="chat prompts")
+    ap.add_argument("--tokens", type=int, default=48, help="tokens generated per prompt at most (to EOS)")
+    ap.add_argument("--repeats", type=int, default=2, help="timed runs of every mode")
+    ap.add_argument("--batches", default="1,4", help="comma-separated requests in flight")
     args = ap.parse_args()
     export = CACHE / "onnx-smollm2-dspark-fp32"
     if not (export / "genai_config.json").is_file():
@@ -72,12 +71,12 @@ def main() -> int:
     texts = load_set("chat", args.prompts)
     prompts = [tok.encode_chat([{"role": "user", "content": t}]) for t in texts]
     rendered = [tok.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
-    stop = StopCriteria(eos_ids=frozenset(eos))
     params = SamplingParams(max_tokens=args.tokens)
 
-    target = load_target(smollm2_dir(), "float32")            # the export's numerics
-    reference = [until_eos(generate_one(target, p, params, None, stop).token_ids, eos) for p in prompts]
-    del target
+    target = load_target(smollm2_dir(), "float32")            # the export's numerics, plain decoding in our engine
+    engine = sized_engine(target, None, len(prompts), max(map(len, prompts)) + args.tokens, frozenset(eos))
+    reference = [until_eos(o.token_ids, eos) for o in engine.generate(prompts, params)]
+    del target, engine
     batches = [int(b) for b in args.batches.split(",")]
     results = {}
     for batch in batches:

@@ -1,6 +1,7 @@
 """Our autoregressive decode vs transformers `generate` on SmolLM2-135M-Instruct (same weights, dtype).
 
-Greedy, 64 new tokens from a chat prompt, medians of repeats, both in one run.
+Greedy, 64 new tokens from a chat prompt through blockdraft's engine (`LLMEngine`, no drafter: what
+`generate --drafter none` runs), medians of repeats, both in one run.
 Writes benchmarks/results/smollm2_ar.json.
 
     python benchmarks/bench_smollm2_ar.py [--dtype bfloat16|float32] [--repeats 3]
@@ -18,19 +19,19 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # the single-sequence oracle
-from decode_oracle import generate_one  # noqa: E402
 from blockdraft.default_model import smollm2_dir
+from blockdraft.engine.engine import sized_engine
 from blockdraft.loading import load_target
 from blockdraft.sampling.params import SamplingParams
 from blockdraft.tokenizer import Tokenizer
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--tokens", type=int, default=64)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="both models' dtype")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs of each")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens generated")
     args = ap.parse_args()
     torch.set_num_threads(2)
     path = smollm2_dir()
@@ -43,8 +44,9 @@ def main() -> None:
     ids = torch.tensor([prompt])
     times = {"ours": [], "transformers": []}
     for _ in range(args.repeats):
+        engine = sized_engine(ours, None, 1, len(prompt) + args.tokens, frozenset())   # fresh: no prefix-cache hit
         t0 = time.perf_counter()
-        a = generate_one(ours, prompt, params).token_ids
+        a = engine.generate([prompt], params)[0].token_ids
         times["ours"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         with torch.no_grad():

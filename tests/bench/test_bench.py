@@ -75,3 +75,17 @@ def test_eval_sets_are_held_out_of_training_prompts():
             key = prompt.lower()
             assert not any(key in t or t in key for t in train), (name, prompt)
     assert len(load_set("humaneval")) == 164 and len(load_set("chat")) >= 20 and len(load_set("math")) >= 20
+
+
+@pytest.mark.parametrize("script", ["bench_core.py", "bench_onnx.py", "bench_smollm2_ar.py"])
+def test_benchmark_scripts_time_the_engine_users_run(script):
+    """They time `LLMEngine` (via `sized_engine`), not the tests' single-sequence oracle, and parse their flags."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "benchmarks" / script
+    source = path.read_text()
+    assert "decode_oracle" not in source and "generate_one" not in source and "sized_engine(" in source
+    run = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "usage:" in run.stdout and "(default:" in run.stdout, run.stderr
