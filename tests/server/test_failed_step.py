@@ -1,7 +1,7 @@
 """A step that raises inside the engine: its requests end with an error, the server keeps serving.
 
-Before: the driver failed the waiting streams but left the requests in the engine, which then
-re-stepped the same broken batch in a hot loop and never freed its blocks.
+The failed requests leave the engine (`abort_all`) with their blocks back in the pool, so the engine
+does not step the same broken batch again, and later requests are served normally.
 """
 
 import time

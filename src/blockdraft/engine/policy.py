@@ -6,8 +6,8 @@ sequence; k = 0 is a plain decoding step). Both are measured online: P from runn
 per-position acceptance (drafts are prefix-consistent — slot i does not depend on how many
 slots are verified — so a step with k drafts also informs every narrower width), cost per
 power-of-two batch bucket and width (a lower sample moves the estimate halfway, a higher one a
-quarter: this shared machine's noise is mostly slowdowns, so a cost measured in a slow spell
-must not linger). A width not measured in a bucket is interpolated between its measured
+quarter: timing noise on a shared machine is mostly slowdowns, so a cost measured in a slow
+spell must not linger). A width not measured in a bucket is interpolated between its measured
 neighbours, or else scaled from the nearest bucket that measured it (its cost relative to that
 bucket's plain step), so a new bucket starts from a plain step and tries only what could win.
 The widest width is tried once per process (it measures every slot's acceptance).

@@ -1,13 +1,12 @@
-"""How many CPU threads a step runs: the process's thread count, or one, whichever measures faster now.
+"""How many CPU threads a step runs: the process's thread count, or one, whichever measures faster.
 
-On an idle 2-core machine a one-row int4 step runs 1.34x faster on two threads; on a shared one, with
-the other core busy, two threads ran 2.1-2.5x *slower* than one (each of a step's ~90 parallel regions
-waits at its barrier for a thread that is not scheduled). Which holds changes while a process runs,
-so it is measured online, like the draft width (`policy.py`): per batch bucket and draft width,
-each thread count's decode time (half old, half new), the faster one runs, and it looks at the other
+On an idle machine the extra threads speed a step up; on a shared one whose other cores are busy,
+each of a step's ~90 parallel regions waits at its barrier for a thread that is not scheduled, and
+one thread is several times faster. Which holds can change while a process runs, so it is measured
+online, like the draft width (`policy.py`): per batch bucket and draft width, each thread count's
+decode time (a running mean: half old, half new), the faster one runs, and it looks at the other
 once `every` steps have passed and the steps since its last look have earned, at `share` of their
-time, what a look is expected to lose (a two-thread step measured up to 6x a one-thread step with the
-other core busy: looks then come every ~250 steps; on an idle machine, one thread at 1.34x, every 32).
+time, what a look is expected to lose — so the dearer the other count, the rarer the looks.
 Every kernel gives the same bits at any thread count (tested), so the choice never changes output.
 """
 

@@ -9,14 +9,13 @@ instead of calling `scaled_dot_product_attention`: its fused kernel rounds a que
 differently depending on how many rows and keys share the call, so a verify row would not
 equal the one-row decoding step it replaces. The written-out form gives the same bits for a
 row whatever the other rows and however many masked keys follow (tested), which is what
-lossless bf16 speculation needs. It is also faster here than the fused kernel on one-row steps
-(its masked GQA path measured 157 us against 94 us for a 192-key SmolLM2 layer).
+lossless bf16 speculation needs; on one-row steps it is also faster than the fused kernel's
+masked GQA path.
 bf16 on the CPU with a head size that is a multiple of 16 runs blockdraft's own kernel instead
 (`layers/cpu_kernels.py`: each row on its own over the keys it sees, fp32 in a fixed order, masked
-keys never read; the same property at ~40% of the float64 form's cost on one-row steps); fp32
-and other head sizes keep the float64 form.
-Training (autograd recording through q/k/v) needs no such invariance and runs the fused
-kernel (the float64 form cost ~0.3 s of a ~6 s drafter-training step).
+keys never read; the same property at a fraction of the float64 form's cost); fp32 and other head
+sizes keep the float64 form.
+Training (autograd recording through q/k/v) needs no such invariance and runs the fused kernel.
 """
 
 from __future__ import annotations

@@ -1,31 +1,26 @@
-"""blockdraft's own CPU kernels (`cpu_kernels.c`), built at first use: a weight-only int4/int8 matmul
-and the inference attention.
+"""blockdraft's own CPU kernels (`cpu_kernels.c`), built at first use: a weight-only int4/int8 matmul,
+the inference attention, and the quantized target's whole layer stack.
 
-PyTorch's int4 CPU kernel dequantizes its weights again for every few rows (a 9-row SmolLM2 verify
-step costs 3.0x a one-row step on it) and keeps each group's scale and zero point in bf16. This
-kernel multiplies the GGUF block formats — 4-bit Q4_1 (fp16 scale and minimum per 32 weights) and
-8-bit Q8_0 — against activations carried per row at 16 bits in groups of 32 (two signed bytes),
-with integer dot products (AVX512-VNNI, AVX2, or portable C: the same bits), prefetching the
-weights and keeping a tile of rows' sums in registers over a block's groups (4 rows with VNNI,
-3 with AVX2; a 9-row SmolLM2 step costs ~3.5x a one-row step on an AVX512 EPYC). Every row
-runs the same operations whatever the row count, so a verify rounds each row as a one-row step
-does (`tests/models/test_quantized.py`).
+The matmul multiplies the GGUF block formats — 4-bit Q4_1 (fp16 scale and minimum per 32 weights) and
+8-bit Q8_0 — against activations carried per row at 16 bits in groups of 32 (two signed bytes), with
+integer dot products (AVX512-VNNI, AVX2, or portable C: the same bits), prefetching the weights and
+keeping a tile of rows' sums in registers over a block's groups (4 rows with VNNI, 3 with AVX2). Its
+scales stay in fp16 as the GGUF stores them (PyTorch's int4 CPU kernel keeps them in bf16, further
+from the model). On AVX2, 4-bit products are summed in 16 bits over 32 inputs before widening (no
+overflow: 8 pair sums of at most 2*15*128). Every row runs the same operations whatever the row
+count, so a verify rounds each row as a one-row step does (`tests/models/test_quantized.py`).
 
-The attention (`attend`) computes each query row on its own over the keys it sees (fp32 scores
-and sums in a fixed order, masked keys never read), so its bits do not depend on the other rows
-or on masked keys either; it replaces the float64 form of `layers/attention.py` for bf16 on the
-CPU (39 vs 89 us for a one-row SmolLM2 layer at 300 keys).
+The attention (`attend`) computes each query row on its own over the keys it sees (fp32 scores and
+sums in a fixed order, masked keys never read), so its bits do not depend on the other rows or on
+masked keys either; it is what bf16 inference on the CPU runs in place of the float64 form of
+`layers/attention.py`, at a fraction of its cost.
 
 The quantized target's layers run in C with no Python between them (`LayerStack.run`, one call a
 step: per layer RMSNorm, q/k/v, Qwen3's q/k norms, the rotation, the K/V rows written into the step's
 cache or paged pool in place, attention reading the keys there through the slots, o_proj + residual,
 RMSNorm, gate/up, SwiGLU, down + residual; the drafter's taps copied out), with the bits of the
 layers' PyTorch spelling over the same kernels (tested, cache and paged pool). Since SiLU needs an
-exp, the PyTorch spelling calls this module's `swiglu` too for bf16 inference. One-row int4 SmolLM2
-step: 20.5 ms in PyTorch dispatches -> 16.0 in three calls a layer -> 14.2 with the weights gathered
-once (2-core AVX2 EPYC); three calls a layer -> one call a step: ~12 -> ~9 ms (AVX512 EPYC).
-On AVX2, 4-bit products are summed in 16 bits over 32 inputs before widening (no overflow: 8 pair
-sums of at most 2*15*128), which measured 1.2x faster than widening each one, the same integers.
+exp, the PyTorch spelling calls this module's `swiglu` too for bf16 inference.
 
 The C source is compiled once per machine with the system C compiler (`cc`, or `$CC`) into the
 blockdraft cache; where no compiler works (or `BLOCKDRAFT_NO_CPU_KERNELS` is set), `available()` is

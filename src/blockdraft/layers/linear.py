@@ -48,8 +48,8 @@ def _weight_slices(weight: torch.Tensor, parts: int) -> list[torch.Tensor]:
 
 
 def fp32_weight(weight: torch.Tensor) -> torch.Tensor:
-    """`weight.float()`, cached for a frozen weight (the DSpark Markov W2 was converted once per slot:
-    8 x 12288 x 64 per drafting step); a weight being trained converts each call (autograd)."""
+    """`weight.float()`, cached for a frozen weight (uncached, the DSpark Markov W2 would be converted
+    once per slot: 8 x 12288 x 64 per drafting step); a weight being trained converts each call (autograd)."""
     if weight.dtype == torch.float32 or (weight.requires_grad and torch.is_grad_enabled()):
         return weight.float()
     return _cached_on(weight, "_fp32", None, lambda w: w.float())

@@ -5,10 +5,10 @@ the GGUF block formats Q4_1 and Q8_0 against activations carried per row at 16 b
 integer dot products; built with the system C compiler at first use). Decoding a small model on a
 CPU is memory-bound, and 4 bits read an eighth of the bytes of bf16; extra rows are compute-bound
 (16-bit activations: two integer dot products per weight and row), so a 9-row SmolLM2 verify step
-costs 2.4x a one-row step on an AMX Xeon's VNNI, ~3.5x on an AVX512 EPYC whose one-row step is
-cheaper, 4.7x with AVX2 alone (`benchmarks/bench_costs.py`). Every row runs the same operations
-whatever the row count (checked at every row count by `tests/models/test_quantized.py`), so
-speculation stays lossless *against the quantized model*.
+costs several one-row steps, more without VNNI (`benchmarks/bench_costs.py`; figures in
+docs/numerics.md). Every row runs the same operations whatever the row count (checked at every
+row count by `tests/models/test_quantized.py`), so speculation stays lossless *against the
+quantized model*.
 A quantized model is a different model from its bf16 source: its greedy text differs, and the
 benchmark reports both.
 
