@@ -45,33 +45,47 @@ def test_block_size_override_stays_lossless(target, ar_outputs, block_size):
         assert generate_one(target, prompt, SamplingParams(max_tokens=33), drafter).token_ids == ref
 
 
-@pytest.mark.parametrize("threshold", [0.05, 0.5, 0.9])
-def test_confidence_threshold_never_changes_output(target, drafters, ar_outputs, threshold):
+@pytest.mark.parametrize("threshold", [0.2, 0.5, 0.9])
+def test_confidence_threshold_cuts_blocks_never_the_output(target, drafters, ar_outputs, threshold):
+    """In the oracle and in the engine: the same tokens as plain decoding, and fewer drafts than the full
+    block (the threshold did cut blocks)."""
+    from blockdraft.engine.engine import EngineConfig, LLMEngine, default_cache_budget
+
     for prompt, ref in zip(PROMPTS[:3], ar_outputs):
         gen = generate_one(target, prompt, SamplingParams(max_tokens=33), drafters["dspark"],
                            confidence_threshold=threshold)
         assert gen.token_ids == ref
+    drafted = {}
+    for t in (0.0, threshold):
+        config = EngineConfig(max_batch=3, confidence_threshold=t, adaptive_speculation=False,
+                              cache_budget_bytes=default_cache_budget(target, drafters["dspark"], 512, 3))
+        outs = LLMEngine(target, drafters["dspark"], config).generate(PROMPTS[:3], SamplingParams(max_tokens=33))
+        assert [o.token_ids for o in outs] == ar_outputs[:3]
+        drafted[t] = sum(o.drafted for o in outs)
+    assert drafted[threshold] < drafted[0.0], f"threshold {threshold} never cut a block: {drafted}"
 
 
 def test_stop_inside_accepted_run_truncates(target, drafters, ar_outputs):
-    """The stop token is found inside a multi-token step: output ends there, like plain decoding."""
+    """A stop token committed as an accepted draft (not the last token of its step): output ends there,
+    like plain decoding. Every drafter must meet such a case, or the test says so."""
     for name in DRAFTER_NAMES:
         for prompt, ref in zip(PROMPTS, ar_outputs):
             full = generate_one(target, prompt, SamplingParams(max_tokens=33), drafters[name])
-            ends, pos = [], 0
+            drafts, first = [], 1                 # token 0 comes from the prefill; each step adds `al`
             for al in full.acceptance_lengths:
-                pos += al
-                if al > 1:
-                    ends.append(pos - 1)  # second-to-last token of a multi-token step, as index into tokens
-            if not ends:
+                drafts += range(first, first + al - 1)        # accepted drafts of this step
+                first += al
+            stops = [i for i in drafts if ref.index(ref[i]) == i]   # its first occurrence: the stop fires there
+            if not stops:
                 continue
-            stop_at = ends[0]
-            stop_id = ref[stop_at]
-            first = ref.index(stop_id)
+            stop_at = stops[0]
             gen = generate_one(target, prompt, SamplingParams(max_tokens=33), drafters[name],
-                               StopCriteria(eos_ids=frozenset([stop_id])))
-            assert gen.token_ids == ref[: first + 1] and gen.finish_reason == "stop"
+                               StopCriteria(eos_ids=frozenset([ref[stop_at]])))
+            assert gen.token_ids == ref[: stop_at + 1] and gen.finish_reason == "stop"
+            assert sum(gen.acceptance_lengths) < sum(full.acceptance_lengths[:len(gen.acceptance_lengths)])
             break
+        else:
+            pytest.fail(f"{name}: no prompt commits a first-seen token as an accepted draft; the check is vacuous")
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
