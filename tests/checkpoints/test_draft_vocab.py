@@ -72,6 +72,8 @@ def test_pruned_drafter_runs_in_the_engine(target):
     spec = llm.generate(prompt_token_ids=PROMPTS, sampling_params=params)
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain.generate(prompt_token_ids=PROMPTS,
                                                                                sampling_params=params)]
+    assert sum(o.accepted for o in spec) > 0, "no pruned draft was accepted: its ids never reached the target's"
+    assert max(a for o in spec for a in o.acceptance_lengths) > 1
 
 
 def test_speculators_layout_is_read(target):
