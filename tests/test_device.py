@@ -29,10 +29,17 @@ def test_devices_are_validated_by_name(capsys):
 
 
 def test_cpu_device_places_everything_on_cpu():
-    llm = blockdraft.LLM(target=TINY, drafter=str(ASSETS / "dspark"), device="cpu", max_batch=2)
-    assert llm.target.device.type == "cpu" and llm.drafter.fc.weight.device.type == "cpu"
-    out = llm.generate(prompt_token_ids=PROMPTS[:2], sampling_params=blockdraft.SamplingParams(max_tokens=8))
-    assert all(len(o.token_ids) >= 1 for o in out)
+    """Every weight and buffer on the CPU, and speculation there equals plain decoding with drafts accepted."""
+    params = blockdraft.SamplingParams(max_tokens=16, ignore_eos=True)
+    llm = blockdraft.LLM(target=TINY, drafter=str(ASSETS / "dspark"), device="cpu", max_batch=2,
+                         adaptive_speculation=False)
+    for model in (llm.target, llm.drafter):
+        assert {t.device.type for t in [*model.parameters(), *model.buffers()]} == {"cpu"}
+    plain = blockdraft.LLM(target=TINY, drafter="none", device="cpu", max_batch=2)
+    out = llm.generate(prompt_token_ids=PROMPTS[:2], sampling_params=params)
+    ref = plain.generate(prompt_token_ids=PROMPTS[:2], sampling_params=params)
+    assert [o.token_ids for o in out] == [o.token_ids for o in ref] and all(len(o.token_ids) == 16 for o in out)
+    assert sum(o.accepted for o in out) > 0 and llm.numerics["device"] == "cpu"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
