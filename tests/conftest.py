@@ -30,6 +30,13 @@ def drafters(target):
     return {name: load_drafter(ASSETS / name, target) for name in DRAFTER_NAMES}
 
 
+@pytest.fixture(scope="session")
+def hybrid_root(tmp_path_factory) -> Path:
+    """Where the tiny Qwen3.5 checkpoints and their trained drafters are written once per session
+    (`tests/hybrid_models.py`)."""
+    return tmp_path_factory.mktemp("qwen3_5")
+
+
 def load_golden(name: str) -> dict:
     """A golden file, refusing to compare against weights it was not generated from."""
     golden = json.loads((GOLDENS / name).read_text())

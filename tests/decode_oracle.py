@@ -131,3 +131,38 @@ def generate_one(target: TargetModel, prompt_ids: list[int], params: SamplingPar
             gen.acceptance_lengths.append(produced)
         start += produced
     return gen.finish(t0, hit)
+
+
+@torch.inference_mode()
+def generate_cache_free(target: TargetModel, prompt_ids: list[int], max_tokens: int,
+                        drafter: BlockDrafter | None = None) -> Generation:
+    """Greedy speculative decoding with no cache at all: every step recomputes the target over the
+    whole committed sequence + block from scratch (fresh KV and, for hybrid targets, fresh recurrent
+    state) and rebuilds the drafter's context from all committed taps. The oracle for targets whose
+    state cannot be rolled back by length: nothing here is rolled back."""
+    params = SamplingParams(max_tokens=max_tokens)
+    taps = drafter.config.taps if drafter is not None else ()
+    max_length = len(prompt_ids) + max_tokens
+    tokens = list(prompt_ids)
+    out = target(torch.tensor([tokens], device=target.device), None, taps)
+    tokens.append(int(argmax_ids(out.logits[0, -1:])[0]))
+    gen = Generation([])
+    while len(tokens) < max_length:
+        anchor = torch.tensor([tokens[-1]], device=target.device)
+        committed = torch.tensor([tokens[:-1]], device=target.device)
+        drafts = torch.zeros(1, 0, dtype=torch.long, device=target.device)
+        n = min(drafter.config.num_draft_tokens, max_length - len(tokens)) if drafter is not None else 0
+        if n > 0:
+            context = target(committed, None, taps).taps                          # [1, L, F]
+            draft_cache = drafter.new_cache(1, context.shape[1] + drafter.config.block_size + 1)
+            drafter.extend_context(context, draft_cache)
+            drafts = propose(drafter, anchor, draft_cache, n, params, None).tokens
+        full = torch.cat([committed, anchor[:, None], drafts], dim=1)
+        logits = target(full, None, taps).logits[0, committed.shape[1]:]          # [1 + n, V]
+        new = verify_block(drafts[0], logits, None, params, None)
+        keep = new[:max_length - len(tokens)]
+        tokens.extend(keep)
+        if drafter is not None:
+            gen.acceptance_lengths.append(len(keep))
+    gen.token_ids = tokens[len(prompt_ids):]
+    return gen

@@ -57,6 +57,7 @@ class CachePlan:
     spill_bytes: int                   # query-spill reserve (full attention) or the ring (sliding window)
     ring_rows_per_batch_row: int       # sliding-window drafters only
     total_bytes: int
+    state_bytes: int = 0               # recurrent target state: one slot per batch row (hybrid targets)
 
 
 def _check_size(name: str, value: int, allow_zero: bool = False) -> None:
@@ -70,13 +71,15 @@ def _check_size(name: str, value: int, allow_zero: bool = False) -> None:
 
 def plan_cache(budget_bytes: int, page_size: int, max_batch: int, max_model_len: int, lookahead: int,
                target: KVGeometry, drafter: KVGeometry | None = None, drafter_window: int | None = None,
-               drafter_block_size: int = 0, drafter_ring: KVGeometry | None = None) -> CachePlan:
+               drafter_block_size: int = 0, drafter_ring: KVGeometry | None = None,
+               state_bytes_per_seq: int = 0) -> CachePlan:
     """Choose the target block count for `budget_bytes`; refuse budgets that cannot hold one
     maximum-length sequence (max_model_len + lookahead tokens).
 
     `drafter` is the full-attention part of the drafter (billed per block); `drafter_ring` its
     sliding-window layers (a ring of window + drafter block rows per batch row). A drafter whose
     layers are all windowed may also be passed as `drafter` with `drafter_window` set.
+    `state_bytes_per_seq`: a hybrid target's recurrent state per sequence, reserved for every batch row.
     """
     if drafter is not None and drafter_window is not None and drafter_ring is None:
         drafter, drafter_ring = None, drafter
@@ -95,9 +98,12 @@ def plan_cache(budget_bytes: int, page_size: int, max_batch: int, max_model_len:
         _check_size("drafter_window", drafter_window)
         ring_rows = drafter_window + drafter_block_size
         spill += max_batch * ring_rows * drafter_ring.bytes_per_token
+    _check_size("state_bytes_per_seq", state_bytes_per_seq, allow_zero=True)
+    state = max_batch * state_bytes_per_seq
+    spill += state
     if spill >= budget_bytes:
-        raise ConfigError(f"budget_bytes={budget_bytes} does not even cover the drafter reserve of {spill} bytes "
-                          f"(max_batch={max_batch})")
+        raise ConfigError(f"budget_bytes={budget_bytes} does not even cover the drafter and recurrent-state "
+                          f"reserve of {spill} bytes (max_batch={max_batch})")
     num_blocks = (budget_bytes - spill) // (target_bpb + drafter_bpb)
     needed = -(-(max_model_len + lookahead) // page_size)
     if num_blocks < needed:
@@ -105,16 +111,16 @@ def plan_cache(budget_bytes: int, page_size: int, max_batch: int, max_model_len:
                           f"sequence of max_model_len={max_model_len} (+{lookahead} lookahead) needs {needed}")
     _check_size("num_blocks", num_blocks)
     total = spill + num_blocks * (target_bpb + drafter_bpb)
-    return CachePlan(page_size, num_blocks, target_bpb, drafter_bpb, spill, ring_rows, total)
+    return CachePlan(page_size, num_blocks, target_bpb, drafter_bpb, spill - state, ring_rows, total, state)
 
 
 def budget_for(max_batch: int, max_len: int, target: KVGeometry, drafter: KVGeometry | None = None,
                lookahead: int = 0, drafter_window: int | None = None, drafter_block_size: int = 0,
-               page_size: int = PAGE_SIZE) -> int:
+               page_size: int = PAGE_SIZE, state_bytes_per_seq: int = 0) -> int:
     """Bytes for `max_batch` sequences of `max_len` tokens (+ lookahead), target and drafter KV, in
     whole pages, plus one spare sequence of pages for the drafter's query spill; what `plan_cache`
     needs to hold them."""
     bytes_per_token = target.bytes_per_token + (drafter.bytes_per_token if drafter is not None else 0)
     tokens = (max_batch + 1) * (-(-(max_len + lookahead + 1) // page_size) + 1) * page_size
     ring = max_batch * (drafter_window + drafter_block_size) if drafter is not None and drafter_window else 0
-    return (tokens + ring) * bytes_per_token
+    return (tokens + ring) * bytes_per_token + max_batch * state_bytes_per_seq

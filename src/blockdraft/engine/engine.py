@@ -27,6 +27,7 @@ import torch
 from ..cache.block_manager import BlockManager
 from ..cache.paged import PagedKVPool
 from ..cache.ring import DrafterRing
+from ..cache.state import RecurrentStatePool, state_bytes_per_slot
 from ..cache.plan import PAGE_SIZE, CachePlan, KVGeometry, budget_for, plan_cache
 from .admission import check_request
 from ..errors import ConfigError, RequestError
@@ -56,6 +57,7 @@ class EngineConfig:
     num_speculative_tokens: int | None = None  # cap on drafts per step (default: the drafter's block)
     policy_file: str | None = None         # where the width policy's measurements persist (None: nowhere)
     adaptive_threads: bool = True          # CPU: torch's thread count or one per step, as measured (threads.py)
+    state_rollback: str = "replay"         # hybrid targets: "replay" or "per_row" (cache/state.py)
 
     def __post_init__(self):
         if self.max_batch < 1:
@@ -97,9 +99,18 @@ class LLMEngine:
         self.lookahead = drafter.config.num_draft_tokens if drafter is not None else 0
         if self.config.num_speculative_tokens is not None:
             self.lookahead = min(self.lookahead, self.config.num_speculative_tokens)
-        target_geo = KVGeometry.of(tc, target)
+        target_geo = KVGeometry.of(tc, target, len(tc.attention_layers))
         full_layers, ring_layers, full_geo, ring_geo, window = [], [], None, None, None
         prefix_caching = self.config.prefix_caching
+        self.prefix_caching_off: str | None = None if prefix_caching else "off in EngineConfig"
+        state_bytes = 0
+        if tc.hybrid:
+            state_bytes = state_bytes_per_slot(tc.deltanet, len(tc.state_layers), target.dtype)
+            if prefix_caching:
+                prefix_caching = False
+                self.prefix_caching_off = (f"refused for {tc.architecture}: its linear_attention layers keep a "
+                                           "recurrent state, and a prefix hit would need that state at the block "
+                                           "boundary")
         if drafter is not None:
             dc = drafter.config
             ring_layers = [i for i in range(dc.num_layers) if dc.layer_window(i)]
@@ -108,11 +119,14 @@ class LLMEngine:
                 full_geo = KVGeometry.of(dc, drafter, len(full_layers))
             if ring_layers:
                 ring_geo, window = KVGeometry.of(dc, drafter, len(ring_layers)), dc.sliding_window
-                prefix_caching = False  # a ring holds one sequence's recent rows: nothing to share
+                if prefix_caching:  # a ring holds one sequence's recent rows: nothing to share
+                    prefix_caching = False
+                    self.prefix_caching_off = "off: the drafter's sliding-window ring holds one sequence's rows"
         self.plan: CachePlan = plan_cache(self.config.cache_budget_bytes, self.config.page_size,
                                           self.config.max_batch, self.max_model_len, self.lookahead + 1,
                                           target_geo, full_geo, window,
-                                          drafter.config.block_size if drafter is not None else 0, ring_geo)
+                                          drafter.config.block_size if drafter is not None else 0, ring_geo,
+                                          state_bytes)
         n, bs = self.plan.num_blocks, self.plan.page_size
         self.blocks = BlockManager(n, bs, prefix_caching)
         if runner is not None:
@@ -126,15 +140,19 @@ class LLMEngine:
         self.stats = EngineStats(blocks_total=n, blocks_free=n)
         self.scheduler = Scheduler(self.blocks, self.config.max_batch, self.lookahead, self.config.prefill_chunk,
                                    self.policy, self.stats, eos_ids, decode, drafter is not None,
-                                   getattr(self.runner, "ring", None))
+                                   getattr(self.runner, "ring", None), getattr(self.runner, "states", None))
         self.seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
 
     def _torch_runner(self, target, drafter, full_layers, ring_layers, window) -> ModelRunner:
         """The torch modules' runner, with the paged pools (and a drafter ring) the plan sizes."""
         n, bs, tc = self.plan.num_blocks, self.plan.page_size, target.config
-        target_pool = PagedKVPool(list(range(tc.num_layers)), n, bs, tc.num_kv_heads, tc.head_dim, target.dtype,
+        target_pool = PagedKVPool(tc.attention_layers, n, bs, tc.num_kv_heads, tc.head_dim, target.dtype,
                                   target.device)
+        states = None
+        if tc.hybrid:
+            states = RecurrentStatePool(tc.state_layers, self.config.max_batch, tc.deltanet, target.dtype,
+                                        target.device, self.config.state_rollback)
         drafter_pool = ring = None
         if drafter is not None:
             dc = drafter.config
@@ -143,7 +161,8 @@ class LLMEngine:
             if ring_layers:
                 ring = DrafterRing(ring_layers, self.config.max_batch, window, dc.block_size, dc.num_kv_heads,
                                    dc.head_dim, drafter.dtype, target.device)
-        return ModelRunner(target, drafter, target_pool, drafter_pool, self.config.confidence_threshold, ring)
+        return ModelRunner(target, drafter, target_pool, drafter_pool, self.config.confidence_threshold, ring,
+                           states)
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -289,11 +308,14 @@ class LLMEngine:
 
 def default_cache_budget(target: TargetModel, drafter: BlockDrafter | None, max_len: int, max_batch: int) -> int:
     """Room for `max_batch` sequences of `max_len` tokens (+ lookahead), target and drafter KV."""
+    tc = target.config
+    geo = KVGeometry.of(tc, target, len(tc.attention_layers))
+    state = state_bytes_per_slot(tc.deltanet, len(tc.state_layers), target.dtype) if tc.hybrid else 0
     if drafter is None:
-        return budget_for(max_batch, max_len, KVGeometry.of(target.config, target))
+        return budget_for(max_batch, max_len, geo, state_bytes_per_seq=state)
     dc = drafter.config
-    return budget_for(max_batch, max_len, KVGeometry.of(target.config, target), KVGeometry.of(dc, drafter),
-                      dc.num_draft_tokens, dc.sliding_window, dc.block_size)
+    return budget_for(max_batch, max_len, geo, KVGeometry.of(dc, drafter), dc.num_draft_tokens, dc.sliding_window,
+                      dc.block_size, state_bytes_per_seq=state)
 
 
 def sized_engine(target: TargetModel, drafter: BlockDrafter | None, max_batch: int, max_len: int,

@@ -44,8 +44,14 @@ class GraphDims:
     kind: str = ""
     sliding_window: int | None = None   # None: the graphs mask windows themselves over full pages
 
+    hybrid = False                      # exports hold dense targets only (recurrent state: refused at export)
+
     def layer_window(self, layer: int) -> None:
         return None
+
+    @property
+    def attention_layers(self) -> list[int]:
+        return list(range(self.num_layers))
 
 
 @dataclass(frozen=True)

@@ -64,9 +64,10 @@ def verify(seq: Sequence, block: list[int], logits: torch.Tensor, argmax: list[i
 
 class ModelRunner:
     def __init__(self, target: TargetModel, drafter: BlockDrafter | None, target_pool: PagedKVPool,
-                 drafter_pool: PagedKVPool | None, confidence_threshold: float = 0.0, ring=None):
+                 drafter_pool: PagedKVPool | None, confidence_threshold: float = 0.0, ring=None, states=None):
         self.target, self.drafter = target, drafter
         self.target_pool, self.drafter_pool, self.ring = target_pool, drafter_pool, ring
+        self.states = states          # a hybrid target's recurrent state (cache/state.py), or None
         self.taps = drafter.config.taps if drafter is not None else ()
         self.confidence_threshold = confidence_threshold
 
@@ -99,9 +100,10 @@ class ModelRunner:
         tables = self._tables(seqs)
         starts = [s.num_computed for s in seqs]
         ids = self._ids([s.tokens[a:a + c] for s, a, c in zip(seqs, starts, counts)])
-        step = PagedStep(self.target_pool, tables, starts, counts)
+        step = self._target_step(seqs, tables, starts, counts)
         last = torch.tensor([c - 1 for c in counts], device=ids.device)
         out = self.target(ids, step, self.taps, logits_at=last)
+        self._commit_state(seqs, step, counts)
         if self.drafter is not None:
             self.drafter.extend_context(out.taps, self._drafter_step(seqs, tables, starts, counts))
         outs = []
@@ -119,12 +121,27 @@ class ModelRunner:
         written = self.flush_context(seqs) if max(n_drafts) > 0 else [0] * len(seqs)
         drafts = self._propose(seqs, tables, starts, anchors, n_drafts)
         blocks = [[s.tokens[-1]] + d for s, d in zip(seqs, [p[0] for p in drafts])]
-        step = PagedStep(self.target_pool, tables, starts, [len(b) for b in blocks])
+        step = self._target_step(seqs, tables, starts, [len(b) for b in blocks])
         out = self.target(self._ids(blocks), step, self.taps)      # logits [b, 1 + max n, V]
         target_argmax = argmax_ids(out.logits).tolist()             # [b, 1 + max n]
-        return [verify(s, block, out.logits[i, :len(block)], target_argmax[i], drafts[i][1],
+        outs = [verify(s, block, out.logits[i, :len(block)], target_argmax[i], drafts[i][1],
                        out.taps[i:i + 1, :len(block)] if self.drafter is not None else None, written[i])
                 for i, (s, block) in enumerate(zip(seqs, blocks))]
+        self._commit_state(seqs, step, [1 + o.accepted for o in outs])      # anchor + accepted drafts
+        return outs
+
+    def _target_step(self, seqs: list[Sequence], tables: torch.Tensor, starts: list[int],
+                     counts: list[int]) -> PagedStep:
+        """The target's view of a step: paged KV, and the recurrent state of a hybrid target's slots."""
+        step = PagedStep(self.target_pool, tables, starts, counts)
+        if self.states is not None:
+            step.state = self.states.begin([s.state_slot for s in seqs], counts)
+        return step
+
+    def _commit_state(self, seqs: list[Sequence], step: PagedStep, keep: list[int]) -> None:
+        """A hybrid target's state after each sequence's first keep[i] rows (KV rolls back by length alone)."""
+        if self.states is not None:
+            self.states.commit(step.state, [s.state_slot for s in seqs], keep)
 
     def _propose(self, seqs, tables, starts, anchors, n_drafts) -> list[tuple[list[int], torch.Tensor | None]]:
         if self.drafter is None or max(n_drafts) == 0:

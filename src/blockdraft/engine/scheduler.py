@@ -3,7 +3,8 @@
 `schedule()`: admission, capacity per step, preemption, the draft budget. Each decoding
 sequence needs slots for `anchor + n drafts` (k + 1 new positions, not one). Sequences are
 served oldest first; when the pool runs dry the youngest running sequence is preempted (its
-blocks freed, its tokens kept) and recomputed later, which leaves its output unchanged.
+blocks and recurrent-state slot freed, its tokens kept) and recomputed later, which leaves its output
+unchanged (every row, prefill or verify, runs the same per-row arithmetic).
 
 `postprocess()`: the one writer of `Sequence` after a step — commit, stop cut and token
 budget, drafter context, prefix-cache registration, finishing.
@@ -34,8 +35,8 @@ class ScheduledBatch:
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_batch: int, lookahead: int, prefill_chunk: int,
                  policy: DraftWidthPolicy, stats: EngineStats, eos_ids: frozenset[int] = frozenset(),
-                 decode_text=None, drafting: bool = False, ring=None):
-        self.blocks, self.max_batch, self.ring = blocks, max_batch, ring
+                 decode_text=None, drafting: bool = False, ring=None, states=None):
+        self.blocks, self.max_batch, self.ring, self.states = blocks, max_batch, ring, states
         self.lookahead, self.prefill_chunk = lookahead, prefill_chunk
         self.policy, self.stats, self.drafting = policy, stats, drafting
         self.eos_ids, self.decode_text = eos_ids, decode_text
@@ -139,13 +140,17 @@ class Scheduler:
             seq.status = Status.PREFILL
             if self.ring is not None:
                 seq.ring_row = self.ring.acquire()
+            if self.states is not None:
+                seq.state_slot = self.states.acquire()
             self.running.append(seq)
 
     def _release(self, seq: Sequence) -> None:
         self.blocks.release(seq.block_table)
         if self.ring is not None:
             self.ring.release(seq.ring_row)
-        seq.ring_row = None
+        if self.states is not None:
+            self.states.release(seq.state_slot)
+        seq.ring_row = seq.state_slot = None
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -35,6 +35,7 @@ class Sequence:
     num_drafter_ctx: int = 0                 # tokens with drafter context written (<= num_computed)
     pending_taps: list = field(default_factory=list)  # taps of committed rows not yet drafter context
     ring_row: int | None = None              # row in the sliding-window drafter ring, while running
+    state_slot: int | None = None            # recurrent-state slot of a hybrid target, while running
     status: Status = Status.WAITING
     finish_reason: str | None = None
     acceptance_lengths: list[int] = field(default_factory=list)

@@ -1,0 +1,102 @@
+"""Speculative decoding on Qwen3.5 hybrid targets is lossless, in the batch engine.
+
+Drafters distilled on the tiny target's own text partly agree with it (acceptance lengths between 1
+and the block). In bf16 (row-invariant kernels, one per-token DeltaNet recurrence for every row):
+speculative greedy output equals plain decoding token for token at batch 1 and 8 with mixed prompt
+lengths and after preemption, and per-step acceptance lengths equal a cache-free loop that recomputes
+the whole sequence each step. Sampling: the chi-square test of the dense targets.
+"""
+
+import pytest
+from scipy.stats import chisquare
+
+import hybrid_models as hm
+from decode_oracle import generate_cache_free, generate_one
+from blockdraft.engine.engine import EngineConfig, LLMEngine
+from blockdraft.errors import ConfigError
+from blockdraft.sampling.params import SamplingParams
+from spec_decode.test_sampling_distribution import SAMPLES, exact_joint
+from tiny_models import tiny_hybrid_pair
+
+GREEDY = SamplingParams(max_tokens=16, ignore_eos=True)
+
+
+def _engine(target, drafter, max_batch=8, budget=4 << 20, **kw) -> LLMEngine:
+    return LLMEngine(target, drafter, EngineConfig(max_batch=max_batch, cache_budget_bytes=budget, max_model_len=128,
+                                                   adaptive_speculation=False, **kw))
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_speculative_equals_plain_and_the_cache_free_loop(hybrid_root, kind, moe):
+    target, drafter = hm.load_pair(hybrid_root, kind, moe)
+    prompts = hm.prompts(8, seed=11, low=3, high=40)              # mixed lengths, batched together
+    plain = _engine(target, None).generate(prompts, GREEDY)
+    batched = _engine(target, drafter).generate(prompts, GREEDY)
+    alone = _engine(target, drafter, max_batch=1).generate(prompts[:2], GREEDY)
+    als = [a for o in batched for a in o.acceptance_lengths]
+    assert 1 < sum(als) / len(als) < drafter.config.num_draft_tokens + 1, "drafts must be partly accepted"
+    for i, (p, o) in enumerate(zip(prompts, batched)):
+        assert o.token_ids == plain[i].token_ids, f"prompt {i}"
+        if i < 2:
+            oracle = generate_cache_free(target, p, GREEDY.max_tokens, drafter)
+            assert o.token_ids == oracle.token_ids
+            assert o.acceptance_lengths == oracle.acceptance_lengths, f"prompt {i}"
+    for o, ref in zip(alone, batched):
+        assert (o.token_ids, o.acceptance_lengths) == (ref.token_ids, ref.acceptance_lengths)
+
+
+@pytest.mark.parametrize("rollback", ["replay", "per_row"])
+def test_preemption_recomputes_the_state_and_loses_nothing(hybrid_root, rollback):
+    target, drafter = hm.load_pair(hybrid_root, "dspark")
+    prompts = hm.prompts(6, seed=5, low=20, high=40)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    plain = _engine(target, None).generate(prompts, params)
+    engine = _engine(target, drafter, max_batch=6, budget=170_000, state_rollback=rollback)
+    out = engine.generate(prompts, params)
+    assert engine.scheduler.preemptions > 0, "the budget must force preemption"
+    assert [o.token_ids for o in out] == [o.token_ids for o in plain]
+    assert engine.runner.states.num_free == engine.runner.states.num_slots     # every slot back
+    assert engine.blocks.num_free == engine.plan.num_blocks
+
+
+def test_prefix_caching_is_refused_by_name(hybrid_root):
+    target, drafter = hm.load_pair(hybrid_root, "dflash")
+    engine = _engine(target, drafter)
+    assert "refused for qwen3_5" in engine.prefix_caching_off and "recurrent state" in engine.prefix_caching_off
+    prompt = hm.prompts(1, seed=2, low=40, high=41)[0]
+    first, second = engine.generate([prompt, prompt], GREEDY)
+    assert engine.stats.prefix_hits == 0
+    assert first.token_ids == second.token_ids
+
+
+def test_state_is_billed_per_batch_row(hybrid_root):
+    target, _ = hm.load_pair(hybrid_root, None)
+    small, big = _engine(target, None, max_batch=1).plan, _engine(target, None, max_batch=8).plan
+    assert small.state_bytes > 0 and big.state_bytes == 8 * small.state_bytes
+    assert big.num_blocks < small.num_blocks                       # the same budget holds fewer KV pages
+    with pytest.raises(ConfigError, match="recurrent-state reserve"):
+        _engine(target, None, max_batch=8, budget=big.state_bytes)
+
+
+@pytest.mark.parametrize("kind,params", [
+    ("dflash", SamplingParams(max_tokens=3, temperature=1.0)),
+    ("dspark", SamplingParams(max_tokens=3, temperature=1.0, top_p=0.8)),
+], ids=["dflash-t1", "dspark-t1-topp0.8"])
+def test_speculative_sampling_matches_the_hybrid_target_distribution(kind, params):
+    target, drafter = tiny_hybrid_pair(kind)
+    prompt = [1, 5, 2, 7]
+    expected = exact_joint(target, prompt, params)
+    counts = dict.fromkeys(expected, 0)
+    accepted_any = 0
+    for s in range(SAMPLES):
+        gen = generate_one(target, prompt, SamplingParams(**{**params.__dict__, "seed": s}), drafter)
+        counts[tuple(gen.token_ids)] += 1
+        accepted_any += gen.acceptance_lengths[0] > 1
+    assert accepted_any > SAMPLES // 20, "drafts were almost never accepted: the test would not exercise acceptance"
+    big = [k for k, p in expected.items() if p * SAMPLES >= 5]
+    small = [k for k in expected if k not in big]
+    observed = [counts[k] for k in big] + [sum(counts[k] for k in small)]
+    exp = [expected[k] * SAMPLES for k in big] + [sum(expected[k] for k in small) * SAMPLES]
+    scale = sum(observed) / sum(exp)
+    assert chisquare(observed, [e * scale for e in exp]).pvalue > 1e-3
