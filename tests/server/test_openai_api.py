@@ -116,15 +116,41 @@ def test_wrong_api_key_is_401(server):
     assert getattr(err.value, "status_code", None) == 401
 
 
-def test_metrics_parse_and_families(server, client):
-    client.completions.create(model="tiny", prompt="metrics", max_tokens=10, temperature=0)
+def _metrics(server) -> dict:
+    """{(sample name, labels): value} from /metrics."""
     text = httpx.get(f"{server.url}/metrics").text
-    families = {f.name for f in text_string_to_metric_families(text)}
-    for name in ("blockdraft_requests", "blockdraft_request_latency_seconds", "blockdraft_time_to_first_token_seconds",
-                 "blockdraft_generated_tokens", "blockdraft_acceptance_length", "blockdraft_position_acceptance_rate",
-                 "blockdraft_requests_running", "blockdraft_requests_waiting", "blockdraft_cache_blocks_used",
-                 "blockdraft_cache_blocks_free"):
-        assert name in families, name
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_values_follow_the_requests(server, client):
+    """Each family is there and moves by what the requests did (deltas: the server is shared)."""
+    before = _metrics(server)
+    outs = [client.completions.create(model="tiny", prompt=p, max_tokens=10, temperature=0,
+                                      extra_body={"ignore_eos": True}) for p in ("metrics", "more metrics")]
+    after = _metrics(server)
+
+    def delta(name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    lengths = [a for o in outs for a in o.model_extra["blockdraft"]["acceptance_lengths"]]
+    assert delta("blockdraft_requests_total", endpoint="/v1/completions", status="200") == 2
+    assert delta("blockdraft_generated_tokens_total") == sum(o.usage.completion_tokens for o in outs) == 20
+    assert delta("blockdraft_acceptance_length_count") == len(lengths) and max(lengths) > 1
+    assert delta("blockdraft_acceptance_length_sum") == sum(lengths)
+    assert delta("blockdraft_request_latency_seconds_count") == delta("blockdraft_time_to_first_token_seconds_count") == 2
+    engine = server.llm.engine
+    gauges = {name: after[(name, ())] for name in ("blockdraft_requests_running", "blockdraft_requests_waiting",
+                                                   "blockdraft_cache_blocks_used", "blockdraft_cache_blocks_free",
+                                                   "blockdraft_mean_acceptance_length")}
+    assert gauges["blockdraft_requests_running"] == gauges["blockdraft_requests_waiting"] == 0
+    assert gauges["blockdraft_cache_blocks_free"] + gauges["blockdraft_cache_blocks_used"] == engine.plan.num_blocks
+    assert gauges["blockdraft_cache_blocks_free"] == engine.blocks.num_free > 0
+    assert gauges["blockdraft_mean_acceptance_length"] == pytest.approx(engine.stats.spec.mean_acceptance_length)
+    rates = engine.stats.spec.per_position_acceptance()
+    assert [after[("blockdraft_position_acceptance_rate", (("position", str(i)),))] for i in range(len(rates))] \
+        == pytest.approx(rates) and rates[0] > 0
 
 
 REFUSED = [  # (endpoint, field, value): fields that would change the output and are not implemented
