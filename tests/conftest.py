@@ -1,6 +1,7 @@
 """Shared fixtures: the tiny shipped checkpoints (bf16 on disk, fp32 in memory) and golden files."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -35,6 +36,25 @@ def hybrid_root(tmp_path_factory) -> Path:
     """Where the tiny Qwen3.5 checkpoints and their trained drafters are written once per session
     (`tests/hybrid_models.py`)."""
     return tmp_path_factory.mktemp("qwen3_5")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say so when blockdraft's CPU kernels did not build: their tests were skipped and the quantized
+    layers ran unfused. Under CI=true that fails the run (`pytest_sessionfinish`)."""
+    from blockdraft.layers import cpu_kernels
+
+    if not cpu_kernels.available():
+        terminalreporter.write_sep("!", "blockdraft's CPU kernels did not build (no working C compiler, or "
+                                   "BLOCKDRAFT_NO_CPU_KERNELS): their tests were skipped"
+                                   + ("; CI=true: failing the run" if os.environ.get("CI") == "true" else ""),
+                                   red=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from blockdraft.layers import cpu_kernels
+
+    if os.environ.get("CI") == "true" and not cpu_kernels.available() and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def load_golden(name: str) -> dict:

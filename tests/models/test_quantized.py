@@ -215,3 +215,21 @@ def test_swiglu_kernel_gives_the_same_bits_on_every_instruction_set_and_rounds_a
     ref = F.silu(gate.double()) * up.double()            # two bf16 roundings from the exact value
     torch.testing.assert_close(outs["portable"].double(), ref, rtol=2 ** -7, atol=1e-30, equal_nan=True)
     assert kernels.swiglu(gate.float(), up.float()) is None
+
+
+@pytest.mark.parametrize("ci", [None, "true"])
+def test_a_kernel_that_does_not_build_is_reported_and_fails_ci(tmp_path, ci):
+    """Without a working compiler the kernel tests skip; pytest's summary says so, and under CI=true the
+    run fails (tests/conftest.py). A broken $CC stands in for a machine without a compiler."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env.update(CC=str(tmp_path / "no-such-cc"), BLOCKDRAFT_CACHE=str(tmp_path), **({"CI": ci} if ci else {}))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "tests/test_llm_api.py::test_import_is_light"], capture_output=True, text=True, env=env,
+                         cwd=Path(__file__).parents[2], timeout=300)
+    assert "blockdraft's CPU kernels did not build" in run.stdout, run.stdout[-2000:]
+    assert (run.returncode != 0) == (ci == "true"), run.stdout[-2000:]
