@@ -80,11 +80,14 @@ def test_indivisible_sizes_are_refused_before_launch(tp, field):
         check_tp(tp, cfg)
 
 
-def test_cli_tp_refuses_bad_size_without_starting_workers(capsys):
-    t0 = time.perf_counter()
+def test_cli_tp_refuses_bad_size_without_starting_workers(capsys, monkeypatch):
+    from blockdraft.parallel import launch
+
+    started = []
+    monkeypatch.setattr(launch, "run_tp", lambda *args, **kwargs: started.append(args))
     assert main(["generate", "--target", str(TARGET), "--prompt-ids", "1,2", "--tp", "3"]) == 2
     assert "num_attention_heads=4 is not divisible by the TP size 3" in capsys.readouterr().err
-    assert time.perf_counter() - t0 < 30
+    assert not started, "workers were launched before the TP size was checked"
 
 
 def test_cli_generate_tp2_matches_tp1(capsys):
@@ -99,10 +102,10 @@ def test_cli_generate_tp2_matches_tp1(capsys):
 
 
 def test_a_dead_worker_is_an_error_not_a_hang():
-    t0 = time.perf_counter()
-    with pytest.raises(WorkerError, match="rank 1 died"):
+    """The launcher sees rank 1's exit (its code, 3, in the error) and stops rank 0, which would otherwise
+    wait in a barrier until the collective timeout."""
+    with pytest.raises(WorkerError, match=r"rank 1 died \(exit code 3\); the other ranks were stopped"):
         run_tp(2, tp_tasks.die_task, None, timeout_s=20)
-    assert time.perf_counter() - t0 < 60
 
 
 def test_shard_topk_matches_torch_topk_on_distinct_values():

@@ -4,8 +4,6 @@ The failed requests leave the engine (`abort_all`) with their blocks back in the
 does not step the same broken batch again, and later requests are served normally.
 """
 
-import time
-
 import httpx
 import pytest
 from openai import APIStatusError, OpenAI
@@ -41,9 +39,8 @@ def test_failed_step_is_an_error_then_the_next_request_is_served(faulty):
     with pytest.raises(APIStatusError) as e:
         client.completions.create(model="tiny", prompt="Hello", max_tokens=12, temperature=0)
     assert e.value.status_code == 500 and "injected kernel failure" in str(e.value)
-    calls = state["calls"]
-    time.sleep(0.3)
-    assert state["calls"] == calls, "the engine kept stepping after the failure"
+    # the 500 is sent after abort_all: with nothing unfinished the driver parks on its wakeup event
+    assert not llm.engine.has_unfinished(), "the failed requests stayed in the engine, which keeps stepping them"
     assert llm.engine.blocks.num_free == llm.engine.plan.num_blocks and not llm.engine.seqs
     again = client.completions.create(model="tiny", prompt="Hello", max_tokens=12, temperature=0)
     assert again.choices[0].text == ok.choices[0].text
