@@ -475,8 +475,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return _stream_to_terminal(llm, prompt_ids, params)
     out = llm.generate(prompt_token_ids=[prompt_ids], sampling_params=params)[0]
     _print_generation(args, out, out.text, None if llm.drafter is None else llm.drafter.config.kind,
-                      {"numerics": llm.numerics})
+                      {"numerics": llm.numerics, "target": _target_report(llm)})
     return 0
+
+
+def _target_report(llm) -> dict:
+    """What `--json` says of the target: its architecture, the checkpoint tensors it does not run, and
+    whether prefix-cache hits are served (and why not)."""
+    return {"architecture": llm.target.config.architecture,
+            "skipped_tensors": getattr(llm.target, "skipped_tensors", {}),
+            "prefix_caching": getattr(llm.engine, "prefix_caching_off", None) or "on"}
 
 
 def _print_generation(args, out, text: str, drafter: str | None, extra: dict) -> None:
@@ -505,13 +513,13 @@ def _generate_tp(args: argparse.Namespace) -> int:
     params = _sampling_params(args)
     prompt_ids = llm.encode(args.prompt, args.chat) if args.prompt is not None else args.prompt_ids
     check_request(llm.target, prompt_ids, params)
-    kind = None if llm.drafter is None else llm.drafter.config.kind
+    kind, numerics = None if llm.drafter is None else llm.drafter.config.kind, llm.numerics
     del llm
     result = run_tp(args.tp, generate_task, GenerateJob(kwargs, (tuple(prompt_ids),), params))
     if result is None:                       # a non-zero torchrun rank
         return 0
     out = result["generations"][0]
-    _print_generation(args, out, out.text, kind, {"tp": args.tp})
+    _print_generation(args, out, out.text, kind, {"tp": args.tp, "numerics": numerics})
     return 0
 
 

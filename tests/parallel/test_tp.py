@@ -101,7 +101,7 @@ def test_cli_generate_tp2_matches_tp1(capsys):
     assert main([*args, "--tp", "2"]) == 0
     two = json.loads(capsys.readouterr().out)
     assert two["token_ids"] == one["token_ids"] and two["acceptance_lengths"] == one["acceptance_lengths"]
-    assert two["tp"] == 2
+    assert two["tp"] == 2 and two["numerics"] == one["numerics"] and one["numerics"]["dtype"] == "float32"
 
 
 def test_a_dead_worker_is_an_error_not_a_hang():
