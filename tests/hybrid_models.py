@@ -4,14 +4,18 @@
 from __future__ import annotations
 
 import json
+import shutil
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
+from blockdraft.llm import TINY_ASSETS
 from blockdraft.loading import load_drafter, load_target
 
-VOCAB = 96
+TOKENIZER = TINY_ASSETS / "target-qwen3"
+
+VOCAB = 128                 # the tiny fixtures' tokenizer (copied beside the checkpoint)
 LAYERS = 4                  # layer_types: linear, linear, linear, full (full_attention_interval 4)
 
 
@@ -75,6 +79,8 @@ def checkpoint(root: str, moe: bool = False, multimodal: bool = False) -> Path:
     path = Path(root) / f"qwen3_5{'_moe' if moe else ''}{'_mm' if multimodal else ''}"
     if not (path / "config.json").is_file():
         hf_model(moe, multimodal).save_pretrained(path)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(TOKENIZER / name, path / name)
     return path
 
 

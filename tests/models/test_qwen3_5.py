@@ -141,13 +141,14 @@ def test_rollback_is_bitwise_the_state_of_the_accepted_rows(hybrid_root, moe, ro
             spec.truncate(prompt.shape[1])
             target(block, spec)                              # verify: every row advances the working state
             spec.truncate(prompt.shape[1] + keep)            # rollback to the accepted rows
-            plain = target.new_cache(1, 32)
-            target(prompt, plain)
-            plain.truncate(prompt.shape[1])
-            if keep:
-                target(block[:, :keep], plain)
-                plain.truncate(prompt.shape[1] + keep)
-            for a, b in zip(_states(spec.states, 0), _states(plain.states, 0)):
+            # the reference: one fresh pass over prompt + the kept rows; its state is read off that pass
+            # itself (the conv's last K-1 inputs, the recurrence's final state), not through any commit
+            fresh = target.new_cache(1, 32)
+            target(torch.cat([prompt, block[:, :keep]], dim=1), fresh)
+            records = fresh._pending[2].records
+            k = cfg.deltanet.conv_kernel
+            reference = [t for i in sorted(records) for t in (records[i].conv_in[0, -(k - 1):], records[i].final[0])]
+            for a, b in zip(_states(spec.states, 0), reference, strict=True):
                 assert torch.equal(a, b), f"keep={keep}"
 
 
@@ -162,3 +163,13 @@ def test_delta_rule_rows_do_not_depend_on_the_batch():
     for i in (0, 5):
         o1, f1, _ = delta_rule(state[i:i + 1], q[i:i + 1], k[i:i + 1], v[i:i + 1], gate[i:i + 1], beta[i:i + 1])
         assert torch.equal(o1[0], out[i]) and torch.equal(f1[0], final[i])
+
+
+def test_lanewise_gives_an_element_the_same_bits_at_any_length():
+    from torch.nn import functional as F
+    from blockdraft.layers.deltanet import lanewise
+    x = torch.randn(40_000, generator=torch.Generator().manual_seed(3)) * 4
+    for fn in (torch.exp, torch.sigmoid, F.softplus, F.silu):
+        whole = lanewise(fn, x)
+        for n in (1, 5, 31, 100, 20_001):
+            assert torch.equal(lanewise(fn, x[:n]), whole[:n]), (fn, n)

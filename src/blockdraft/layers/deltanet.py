@@ -5,6 +5,10 @@ same per-token recurrence, so a state reached by any of them is bitwise the stat
 reaches (no chunked form whose rounding would depend on how rows are grouped). Each (sequence,
 head) is computed on its own, so a row's result does not depend on the batch beside it.
 
+PyTorch computes a transcendental elementwise op (exp, softplus, sigmoid, SiLU) with a vector
+routine over whole vectors and a scalar one over the tail, which round differently: the same value
+would get other bits at another row or batch count. `lanewise` runs them on whole vectors only.
+
 Shapes: conv inputs `[b, rows, conv_dim]`; q, k `[b, rows, H, d_k]`, v `[b, rows, H, d_v]`, g and
 beta `[b, rows, H]`, all fp32; the recurrent state `[b, H, d_k, d_v]` fp32.
 """
@@ -14,6 +18,21 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+
+
+LANES = 64           # a multiple of every ISA's vector width, twice over (torch's loops step two vectors)
+SLICE = 16384        # elements per call: below torch's parallel grain, so no thread boundary cuts a vector
+
+
+def lanewise(fn, x: torch.Tensor) -> torch.Tensor:
+    """fn(x) for an elementwise fn, computed so that every element takes the same (vector) path
+    whatever the tensor's shape: flattened, padded to whole LANES, in calls of at most SLICE."""
+    flat = x.reshape(-1)
+    n = flat.numel()
+    if n % LANES:
+        flat = F.pad(flat, (0, LANES - n % LANES))
+    out = fn(flat) if flat.numel() <= SLICE else torch.cat([fn(c) for c in flat.split(SLICE)])
+    return out[:n].view(x.shape)
 
 
 def causal_conv(window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -26,7 +45,7 @@ def causal_conv(window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     acc = x[:, 0:t] * w[0]
     for j in range(1, k):
         acc = acc + x[:, j:j + t] * w[j]
-    return F.silu(acc)
+    return lanewise(F.silu, acc)
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -44,9 +63,10 @@ def delta_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     Returns o [b, rows, H, d_v] fp32, the state after the last valid row, and with `keep_states`
     the state after every row [b, rows, H, d_k, d_v] (else None)."""
     rows = q.shape[1]
+    decay = lanewise(torch.exp, g)                                                      # [b, rows, H]
     outs, states = [], []
     for i in range(rows):
-        decayed = state * g[:, i].exp()[..., None, None]
+        decayed = state * decay[:, i, ..., None, None]
         kv_mem = (decayed * k[:, i, ..., None]).sum(-2)                                 # [b, H, d_v]
         delta = (v[:, i] - kv_mem) * beta[:, i, ..., None]
         new = decayed + k[:, i, ..., None] * delta[..., None, :]

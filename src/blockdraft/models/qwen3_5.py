@@ -16,7 +16,7 @@ from ..cache.state import LayerRecord
 from ..config import TargetConfig
 from ..layers import cpu_kernels as kernels
 from ..layers.attention import attend
-from ..layers.deltanet import causal_conv, delta_rule, l2_normalize
+from ..layers.deltanet import causal_conv, delta_rule, l2_normalize, lanewise
 from ..layers.direct import DirectCall
 from ..layers.linear import StableLinear, stable_linear
 from ..layers.rope import apply_rope
@@ -48,7 +48,7 @@ class GatedRMSNorm(DirectCall):
         x32 = x.float()
         variance = x32.pow(2).sum(-1, keepdim=True).div_(x.shape[-1]).add_(self.eps)
         normed = self.weight * (x32 * torch.rsqrt(variance)).to(x.dtype)
-        return (normed * F.silu(gate.float())).to(x.dtype)
+        return (normed * lanewise(F.silu, gate.float())).to(x.dtype)
 
 
 class GatedDeltaNet(DirectCall):
@@ -80,8 +80,8 @@ class GatedDeltaNet(DirectCall):
         q = l2_normalize(q.reshape(b, t, d.num_k_heads, d.k_dim)).repeat_interleave(rep, dim=2) * d.k_dim ** -0.5
         k = l2_normalize(k.reshape(b, t, d.num_k_heads, d.k_dim)).repeat_interleave(rep, dim=2)
         v = v.reshape(b, t, d.num_v_heads, d.v_dim)
-        beta = self.in_proj_b(x).sigmoid().float()                                # [b, t, H]
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        beta = lanewise(torch.sigmoid, self.in_proj_b(x)).float()               # [b, t, H]
+        g = -lanewise(torch.exp, self.A_log.float()) * lanewise(F.softplus, self.in_proj_a(x).float() + self.dt_bias.float())
         out, final, per_row = delta_rule(rec, q, k, v, g, beta, state.valid, state.keep_states)
         state.record(layer, LayerRecord(mixed, q, k, v, g, beta, final, per_row))
         z = self.in_proj_z(x).reshape(b, t, d.num_v_heads, d.v_dim)
@@ -120,7 +120,7 @@ class GatedAttention(DirectCall):
         v = self.v_proj(x).view(b, t, hkv, d).transpose(1, 2)
         k, v = step.kv(layer, k, v)
         out = attend(q, k, v, step.visible, d ** -0.5)                          # [b, t, h*d]
-        return self.o_proj(out * torch.sigmoid(gate.reshape(b, t, h * d)))
+        return self.o_proj(out * lanewise(torch.sigmoid, gate.reshape(b, t, h * d)))
 
 
 class DenseMLP(DirectCall):
@@ -133,7 +133,7 @@ class DenseMLP(DirectCall):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_proj(x), self.up_proj(x)
         act = kernels.swiglu(gate, up)
-        return self.down_proj(F.silu(gate) * up if act is None else act)
+        return self.down_proj(lanewise(F.silu, gate) * up if act is None else act)
 
 
 class Router(nn.Module):
@@ -176,9 +176,9 @@ class SparseMoe(DirectCall):
         for e in torch.unique(top_i).tolist():                                  # ascending expert ids
             token, slot = torch.where(top_i == e)
             gate, up = stable_linear(flat[token], self.experts.gate_up_proj[e]).chunk(2, dim=-1)
-            y = stable_linear(F.silu(gate) * up, self.experts.down_proj[e]) * top_p[token, slot, None]
+            y = stable_linear(lanewise(F.silu, gate) * up, self.experts.down_proj[e]) * top_p[token, slot, None]
             out.index_add_(0, token, y.to(out.dtype))
-        shared = torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        shared = lanewise(torch.sigmoid, self.shared_expert_gate(flat)) * self.shared_expert(flat)
         return (out + shared).view(shape)
 
 

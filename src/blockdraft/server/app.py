@@ -39,6 +39,7 @@ def startup_line(llm: LLM, host: str, port: int) -> str:
 def build_app(llm: LLM, model_name: str = "blockdraft", api_key: str | None = None,
               default_max_tokens: int = 16) -> FastAPI:
     metrics = ServerMetrics(max_al=(llm.drafter.config.num_draft_tokens + 1) if llm.drafter else 1)
+    metrics.observe_prefix_caching(getattr(llm.engine, "prefix_caching_off", None))
     state: dict = {}
 
     @asynccontextmanager

@@ -26,6 +26,12 @@ class ServerMetrics:
         self.blocks_used = Gauge("blockdraft_cache_blocks_used", "Target KV blocks in use", registry=r)
         self.blocks_free = Gauge("blockdraft_cache_blocks_free", "Target KV blocks free", registry=r)
         self.mean_al = Gauge("blockdraft_mean_acceptance_length", "Mean acceptance length", registry=r)
+        self.prefix_caching = Gauge("blockdraft_prefix_caching_enabled", "1 when prefix-cache hits are served; "
+                                    "0 with the reason they are not", ["reason"], registry=r)
+
+    def observe_prefix_caching(self, off: str | None) -> None:
+        """`off`: why the engine serves no prefix hits (a hybrid target's recurrent state, ...), or None."""
+        self.prefix_caching.labels(reason=off or "").set(0 if off else 1)
 
     def observe_engine(self, stats) -> None:
         self.running.set(stats.num_running)
