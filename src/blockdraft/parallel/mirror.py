@@ -3,11 +3,11 @@
 `MirroredEngine` wraps rank 0's engine. `add_request` / `abort` / `abort_all` run there at
 once (so validation errors reach the caller) and are queued; each `step` first broadcasts
 the queued commands, then steps. Only reads pass through to the engine unmirrored; any
-other attribute is an error, so nothing can change rank 0's engine alone. The other ranks (`follow`) apply the same commands in the
-same order before the same step, so their schedulers — and so their collectives — stay
-in lockstep. Adaptive speculation is off under TP: it decides from wall-clock timings,
-which differ between ranks. A rank that disappears turns the next broadcast into a
-`WorkerError`.
+other attribute is an error, so nothing can change rank 0's engine alone. The other ranks
+(`follow`) apply the same commands in the same order before the same step, so their
+schedulers — and so their collectives — stay in lockstep. Adaptive speculation is off
+under TP: it decides from wall-clock timings, which differ between ranks. A rank that
+disappears turns the next broadcast into a `WorkerError`.
 """
 
 from __future__ import annotations
