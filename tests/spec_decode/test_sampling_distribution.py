@@ -39,7 +39,14 @@ def exact_joint(target, prompt, params):
 ], ids=["dflash-t1", "dflash2-t0.6-topk4", "dspark-t1.3-topp0.8", "dspark-t1"])
 def test_speculative_sampling_matches_target_distribution(kind, params):
     target, drafter = tiny_pair(kind)
-    prompt = [1, 5, 2, 7]
+    pvalue, accepted_any = sampled_vs_exact(target, drafter, [1, 5, 2, 7], params)
+    assert accepted_any > SAMPLES // 10, "drafts were almost never accepted: the test would not exercise acceptance"
+    assert pvalue > 1e-3
+
+
+def sampled_vs_exact(target, drafter, prompt, params) -> tuple[float, int]:
+    """SAMPLES seeded speculative runs of 3 tokens -> (chi-square p-value of their joint frequencies
+    against the target's exact joint, runs whose first step accepted a draft)."""
     expected = exact_joint(target, prompt, params)
     counts = dict.fromkeys(expected, 0)
     accepted_any = 0
@@ -47,14 +54,13 @@ def test_speculative_sampling_matches_target_distribution(kind, params):
         gen = generate_one(target, prompt, SamplingParams(**{**params.__dict__, "seed": s}), drafter)
         counts[tuple(gen.token_ids)] += 1
         accepted_any += gen.acceptance_lengths[0] > 1
-    assert accepted_any > SAMPLES // 10, "drafts were almost never accepted: the test would not exercise acceptance"
     # pool cells with small expectation so the chi-square approximation holds
     big = [k for k, p in expected.items() if p * SAMPLES >= 5]
     small = [k for k in expected if k not in big]
     observed = [counts[k] for k in big] + [sum(counts[k] for k in small)]
     exp = [expected[k] * SAMPLES for k in big] + [sum(expected[k] for k in small) * SAMPLES]
     scale = sum(observed) / sum(exp)
-    assert chisquare(observed, [e * scale for e in exp]).pvalue > 1e-3
+    return chisquare(observed, [e * scale for e in exp]).pvalue, accepted_any
 
 
 def test_seeded_sampling_is_reproducible():
