@@ -6,7 +6,7 @@ ONNX Runtime GenAI 0.18.0's own CPU builds of the same weights (fp32 and int4), 
 
 Every repeat runs every mode over the same chat prompts (bench chat set), greedy, one batch of
 prompts at a time through every mode before the next (so the modes compared ran close in time:
-this shared machine's speed drifts by tens of percent over minutes); tokens/s =
+a shared machine's speed drifts by tens of percent over minutes); tokens/s =
 generated tokens / wall time (prefill included, and tokens after EOS not counted). Ratios are
 taken within a repeat; the report keeps medians. ORT-GenAI models are built once with
 `python -m onnxruntime_genai.models.builder -i <converted SmolLM2> -o OUT -p fp32|int4 -e cpu`
@@ -112,7 +112,7 @@ def main() -> int:
             seconds, outs = {m: 0.0 for m in rate}, {m: [] for m in rate}
             order = list(rate) if rep % 2 == 0 else list(rate)[::-1]   # no mode always runs after the same one
             for lo in range(0, len(prompts), batch):      # every mode on one batch, then the next batch:
-                for mode in order:                        # modes compared close in time (this machine drifts)
+                for mode in order:                        # modes compared close in time (machine speed drifts)
                     s, o = run(mode, lo, lo + batch)
                     seconds[mode] += s
                     outs[mode] += o

@@ -1,7 +1,7 @@
 """Two builds of the CPU kernels side by side in one process: the int4 SmolLM2 target's step time per row
 count with `layers/cpu_kernels.c` as it is and as it was at another commit, paired by round.
 
-    python benchmarks/bench_kernel_ab.py --base 2c39171 [--rows 1,9] [--rounds 16] [--threads 1] [--context 300]
+    python benchmarks/bench_kernel_ab.py --base REV [--rows 1,9] [--rounds 16] [--threads 1] [--context 300]
 
 Both builds run the same Python, weights and cache; each round times every row count with each build (in
 alternating order), a mean over several steps each, and the ratio is taken within the round (this machine

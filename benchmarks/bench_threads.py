@@ -3,7 +3,7 @@ thread and at its default, side by side (the default model, batch 1, greedy).
 
     python benchmarks/bench_threads.py [--rounds 5] [--prompts 6] [--tokens 48] [--busy]
 
-Each round runs every mode over the same prompts, one after another (this machine drifts: ratios
+Each round runs every mode over the same prompts, one after another (machine speed drifts: ratios
 are taken per round). Our mode at torch's default thread count is what `blockdraft generate`
 runs (it sets no thread count; each step then runs that count or one, whichever measures faster:
 `engine/threads.py`); "fixed" holds the default count every step. ORT-GenAI's default is one

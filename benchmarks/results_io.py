@@ -1,5 +1,5 @@
 """Where the benchmark scripts put what they measured: `benchmarks/results/NAME.json` (not in git)
-and, for the figures the README shows, `docs/NAME.png`."""
+and, for the figures docs/benchmarks.md cites, `docs/NAME.png`."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def new_figure(**subplots):
 
 
 def save_figure(fig, name: str) -> None:
-    """`fig` as docs/NAME.png (the README's figures)."""
+    """`fig` as docs/NAME.png (the figures docs/benchmarks.md cites)."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()

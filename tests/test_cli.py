@@ -184,3 +184,12 @@ def test_loading_shows_progress_on_a_terminal_and_json_stays_pure(capsys, monkey
     err = capsys.readouterr().err
     for stage in ("loading target", "loading drafter", "cache", "ready"):
         assert stage in err, (stage, err)
+
+
+def test_cli_reference_page_is_current():
+    """docs/cli.md is generated from the parsers' --help (scripts/gen_cli_docs.py): a flag changed
+    without regenerating it fails here."""
+    from pathlib import Path
+    script = Path(__file__).parents[1] / "scripts" / "gen_cli_docs.py"
+    run = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr

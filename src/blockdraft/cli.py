@@ -57,7 +57,7 @@ def _quantization_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", choices=["auto", "none", "int8", "int4"], default="auto",
                    help="weight-only target quantization on the CPU (bf16 activations): a different model from "
                    "the bf16 one, and speculation is lossless against it. auto: int4 for the default model (its "
-                   "GGUF's own precision) where blockdraft's CPU kernel builds, else none (see README)")
+                   "GGUF's own precision) where blockdraft's CPU kernel builds, else none (see docs/numerics.md)")
 
 
 def _llm_kwargs(args: argparse.Namespace, **overrides) -> dict:

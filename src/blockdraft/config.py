@@ -173,7 +173,7 @@ TAP_POINTS = ("hidden_states", "layer_output")
 
 
 def default_tap_point(kind: str) -> str:
-    """DESIGN.md §2: DeepSpec DSpark and its ports hook layer outputs; z-lab DFlash/DFlash2 read
+    """docs/design.md §2: DeepSpec DSpark and its ports hook layer outputs; z-lab DFlash/DFlash2 read
     HF hidden_states. Used when a config does not say."""
     return "layer_output" if kind == "dspark" else "hidden_states"
 
@@ -188,7 +188,7 @@ class Taps:
 
 @dataclass(frozen=True)
 class DrafterConfig(DecoderDims):
-    """One block drafter, whatever spelling it was published in (DESIGN.md §2-3)."""
+    """One block drafter, whatever spelling it was published in (docs/design.md §2-3)."""
 
     kind: str
     target_layer_ids: tuple[int, ...]
@@ -220,7 +220,7 @@ class DrafterConfig(DecoderDims):
     own_embed_tokens: bool = False
     own_lm_head: bool = False
     num_draft_tokens: int = 0  # 0 = derived from shift_label
-    # which value of a tapped layer the drafter reads (DESIGN.md §2 "Tap point"): "hidden_states"
+    # which value of a tapped layer the drafter reads (docs/design.md §2 "Tap point"): "hidden_states"
     # (HF output_hidden_states: the last layer after the final norm) or "layer_output" (every
     # layer's raw output, the last one before the final norm)
     tap_point: str = "hidden_states"

@@ -109,7 +109,7 @@ def _pack_experts(tensors: dict[str, torch.Tensor], num_experts: int) -> dict[st
 
 
 def check_drafter_fits(cfg: DrafterConfig, target: TargetConfig, shapes: dict[str, tuple]) -> None:
-    """DESIGN.md §3 load-time checks of a drafter against its target, each naming the values."""
+    """docs/design.md §3 load-time checks of a drafter against its target, each naming the values."""
     bad = [i for i in cfg.target_layer_ids if not 0 <= i < target.num_layers]
     if bad:
         raise ConfigError(f"target_layer_ids {list(cfg.target_layer_ids)}: {bad} outside the target's "

@@ -101,11 +101,9 @@ def resolve_quantization(requested: str | None, device: str = "cpu", default_mod
 
     auto: the default model ships as a Q4_1 GGUF, and on a CPU with blockdraft's own kernel
     (`layers/cpu_kernels.py`, built with the system C compiler) it runs at that precision — int4,
-    bf16 activations carried at 16 bits: mean KL 0.00106 from the fp32 model over 24 chat prompts x
-    64 tokens teacher-forced, against 0.00100 for bf16 (`benchmarks/bench_fidelity.py`), at 3.3x
-    bf16's speed on an AMX Xeon (`bench_default_model.py`). Without the kernel it stays bf16:
-    PyTorch's int4 kernel keeps its scales in bf16 and drifts further (KL 0.00157; "What is the
-    capital of France?" -> "L'Étoile ..."). Every other case: none."""
+    bf16 activations carried at 16 bits, as close to the fp32 model as bf16 is (`docs/numerics.md`
+    has the fidelity figures). Without the kernel it stays bf16: PyTorch's int4 kernel keeps its
+    scales in bf16 and drifts further. Every other case: none."""
     if requested not in (None, "auto"):
         return requested
     if default_model and str(device).startswith("cpu") and not tensor_parallel \

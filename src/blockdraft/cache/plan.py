@@ -1,4 +1,4 @@
-"""Capacity planning (DESIGN.md §5): how many target KV blocks fit a byte budget.
+"""Capacity planning (docs/design.md §5): how many target KV blocks fit a byte budget.
 
 Full-attention drafters keep one context row per committed token, so their KV is
 billed *per target block* before the target capacity is chosen, plus one

@@ -1,4 +1,4 @@
-"""Config spellings → one frozen `TargetConfig` / `DrafterConfig` (DESIGN.md §3).
+"""Config spellings → one frozen `TargetConfig` / `DrafterConfig` (docs/design.md §3).
 
 Each drafter field has a table of places it may be spelled; every place that is
 present is read, and they must agree (first found wins only when they do).
