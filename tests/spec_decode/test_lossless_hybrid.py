@@ -73,7 +73,7 @@ def test_state_is_billed_per_batch_row(hybrid_root):
     small, big = _engine(target, None, max_batch=1).plan, _engine(target, None, max_batch=8).plan
     assert small.state_bytes > 0 and big.state_bytes == 8 * small.state_bytes
     assert big.num_blocks < small.num_blocks                       # the same budget holds fewer KV pages
-    with pytest.raises(ConfigError, match="recurrent-state reserve"):
+    with pytest.raises(ConfigError, match="drafter reserve and recurrent state of"):
         _engine(target, None, max_batch=8, budget=big.state_bytes)
 
 

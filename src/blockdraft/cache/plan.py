@@ -102,8 +102,8 @@ def plan_cache(budget_bytes: int, page_size: int, max_batch: int, max_model_len:
     state = max_batch * state_bytes_per_seq
     spill += state
     if spill >= budget_bytes:
-        raise ConfigError(f"budget_bytes={budget_bytes} does not even cover the drafter and recurrent-state "
-                          f"reserve of {spill} bytes (max_batch={max_batch})")
+        raise ConfigError(f"budget_bytes={budget_bytes} does not even cover the drafter reserve and recurrent "
+                          f"state of {spill} bytes (max_batch={max_batch})")
     num_blocks = (budget_bytes - spill) // (target_bpb + drafter_bpb)
     needed = -(-(max_model_len + lookahead) // page_size)
     if num_blocks < needed:
