@@ -27,7 +27,7 @@ import torch
 from ..cache.block_manager import BlockManager
 from ..cache.paged import PagedKVPool
 from ..cache.ring import DrafterRing
-from ..cache.state import RecurrentStatePool, state_bytes_per_slot
+from ..cache.state import ROLLBACKS, RecurrentStatePool, state_bytes_per_slot
 from ..cache.plan import PAGE_SIZE, CachePlan, KVGeometry, budget_for, plan_cache
 from .admission import check_request
 from ..errors import ConfigError, RequestError
@@ -66,6 +66,8 @@ class EngineConfig:
             raise ConfigError(f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
         if self.prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.state_rollback not in ROLLBACKS:
+            raise ConfigError(f"state_rollback must be one of {ROLLBACKS}, got {self.state_rollback!r}")
 
 
 @dataclass
