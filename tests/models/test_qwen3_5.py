@@ -16,7 +16,8 @@ from safetensors.torch import load_file, save_file
 import hybrid_models as hm
 from blockdraft.cache.state import RecurrentStatePool
 from blockdraft.errors import CheckpointError, ConfigError
-from blockdraft.layers.deltanet import delta_rule
+from blockdraft.layers import cpu_kernels
+from blockdraft.layers.deltanet import delta_rule, lanewise
 from blockdraft.loading import load_drafter, load_target
 
 LAYOUTS = [(False, False), (False, True), (True, False), (True, True)]
@@ -123,11 +124,17 @@ def _states(pool: RecurrentStatePool, slot: int) -> list[torch.Tensor]:
     return [t[slot].clone() for i in pool.layers for t in (pool.conv[i], pool.rec[i])]
 
 
+@pytest.mark.parametrize("recurrence", ["kernel", "torch"])
 @pytest.mark.parametrize("rollback", ["replay", "per_row"])
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
-def test_rollback_is_bitwise_the_state_of_the_accepted_rows(hybrid_root, moe, rollback):
+def test_rollback_is_bitwise_the_state_of_the_accepted_rows(hybrid_root, moe, rollback, recurrence, monkeypatch):
     """For every accept length 0..block: after a verify over [anchor, 5 drafts] keeps j rows, the state
-    is bitwise the state of a run that saw the prompt and then only those j rows."""
+    is bitwise the state of a run that saw the prompt and then only those j rows — with the C recurrence
+    and with the PyTorch one (what runs where no C compiler is found)."""
+    if recurrence == "torch":
+        monkeypatch.setattr(cpu_kernels, "delta_rule", lambda *args: None)
+    elif not cpu_kernels.available():
+        pytest.skip("the CPU kernels did not build (reported in the summary; CI fails on it)")
     target = load_target(hm.checkpoint(str(hybrid_root), moe), dtype="bfloat16")
     cfg = target.config
     prompt = torch.tensor([[7, 30, 2, 55, 19, 64, 8]])
@@ -152,8 +159,11 @@ def test_rollback_is_bitwise_the_state_of_the_accepted_rows(hybrid_root, moe, ro
                 assert torch.equal(a, b), f"keep={keep}"
 
 
-def test_delta_rule_rows_do_not_depend_on_the_batch():
+@pytest.mark.parametrize("recurrence", ["kernel", "torch"])
+def test_delta_rule_rows_do_not_depend_on_the_batch(recurrence, monkeypatch):
     """A sequence's outputs and state are the same bits alone or beside seven others (Qwen3.5-sized heads)."""
+    if recurrence == "torch":
+        monkeypatch.setattr(cpu_kernels, "delta_rule", lambda *args: None)
     g = torch.Generator().manual_seed(0)
     b, t, h, dk, dv = 8, 3, 8, 128, 128
     state = torch.randn(b, h, dk, dv, generator=g)
@@ -165,9 +175,38 @@ def test_delta_rule_rows_do_not_depend_on_the_batch():
         assert torch.equal(o1[0], out[i]) and torch.equal(f1[0], final[i])
 
 
+def test_delta_rule_kernel_agrees_with_the_torch_spelling_at_any_thread_count():
+    if not cpu_kernels.available():
+        pytest.skip("the CPU kernels did not build (reported in the summary; CI fails on it)")
+    g = torch.Generator().manual_seed(1)
+    b, t, h, dk, dv = 3, 6, 4, 32, 16
+    state = torch.randn(b, h, dk, dv, generator=g)
+    q, k = torch.randn(b, t, h, dk, generator=g) * 0.2, torch.randn(b, t, h, dk, generator=g) * 0.2
+    v, gate, beta = torch.randn(b, t, h, dv, generator=g), -torch.rand(b, t, h, generator=g), torch.rand(b, t, h, generator=g)
+    valid = torch.tensor([[True] * 6, [True] * 4 + [False] * 2, [True] + [False] * 5])
+    decay = lanewise(torch.exp, gate)
+    fast = cpu_kernels.delta_rule(state, q, k, v, decay, beta, valid, True)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = cpu_kernels.delta_rule(state, q, k, v, decay, beta, valid, True)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, c) for a, c in zip(fast, single))
+    cpu_kernels_delta = cpu_kernels.delta_rule
+    try:
+        cpu_kernels.delta_rule = lambda *args: None
+        ref = delta_rule(state, q, k, v, gate, beta, valid, True)
+    finally:
+        cpu_kernels.delta_rule = cpu_kernels_delta
+    torch.testing.assert_close(fast[0][valid], ref[0][valid], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast[1], ref[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast[2], ref[2], rtol=1e-5, atol=1e-5)
+    assert torch.equal(fast[1][2], state[2] * 0 + fast[2][2, 0])     # one valid row: the state after it
+
+
 def test_lanewise_gives_an_element_the_same_bits_at_any_length():
     from torch.nn import functional as F
-    from blockdraft.layers.deltanet import lanewise
     x = torch.randn(40_000, generator=torch.Generator().manual_seed(3)) * 4
     for fn in (torch.exp, torch.sigmoid, F.softplus, F.silu):
         whole = lanewise(fn, x)

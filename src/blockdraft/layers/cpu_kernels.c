@@ -891,3 +891,53 @@ int bd_layers(const uint16_t *x_in, uint16_t *x, const int *taps, uint16_t *cons
     free(scratch);
     return rc;
 }
+
+/* ---- Gated DeltaNet recurrence (layers/deltanet.py), fp32, one token at a time ----
+ * For each (sequence, head), over its rows in order: S = S * decay; mem = S^T k; delta = (v - mem) * beta;
+ * S += k delta^T; o = S^T q. Sums over d_k run in index order, every product and sum rounded on its own
+ * (no contraction). Each (sequence, head) is one unit of work, so a row's result does not depend on the
+ * batch or the thread count. (PyTorch's reductions order the same sums otherwise: the two paths agree to
+ * fp32 rounding, not bitwise, and a process uses one of them for every row.) Padding rows (valid[row] == 0) leave the
+ * state as it was and write zeros. q, k [b, t, h, dk]; v, out [b, t, h, dv]; decay, beta, valid [b, t, h]
+ * / [b, t]; state, final [b, h, dk, dv]; per_row (optional) [b, t, h, dk, dv]: the state after each row. */
+void bd_delta_rule(const float *state, const float *q, const float *k, const float *v, const float *decay,
+                   const float *beta, const uint8_t *valid, int b, int t, int h, int dk, int dv, float *out,
+                   float *final, float *per_row, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int bh = 0; bh < b * h; bh++) {
+        int bi = bh / h, hi = bh % h;
+        size_t area = (size_t)dk * dv;
+        float *S = final + (size_t)bh * area;
+        float *mem = malloc(sizeof(float) * 2 * (size_t)dv), *delta = mem + dv;
+        memcpy(S, state + (size_t)bh * area, sizeof(float) * area);
+        for (int r = 0; r < t; r++) {
+            size_t row = (size_t)bi * t + r, at = row * h + hi;
+            const float *qr = q + at * dk, *kr = k + at * dk, *vr = v + at * dv;
+            float *o = out + at * dv;
+            if (valid == NULL || valid[row]) {
+                float a = decay[at], be = beta[at];
+                for (int j = 0; j < dv; j++) mem[j] = 0.0f;
+                for (int i = 0; i < dk; i++) {
+                    float *s = S + (size_t)i * dv, ki = kr[i];
+                    for (int j = 0; j < dv; j++) {
+                        s[j] = s[j] * a;
+                        mem[j] = mem[j] + s[j] * ki;
+                    }
+                }
+                for (int j = 0; j < dv; j++) delta[j] = (vr[j] - mem[j]) * be;
+                for (int j = 0; j < dv; j++) o[j] = 0.0f;
+                for (int i = 0; i < dk; i++) {
+                    float *s = S + (size_t)i * dv, ki = kr[i], qi = qr[i];
+                    for (int j = 0; j < dv; j++) {
+                        s[j] = s[j] + ki * delta[j];
+                        o[j] = o[j] + s[j] * qi;
+                    }
+                }
+            } else {
+                for (int j = 0; j < dv; j++) o[j] = 0.0f;
+            }
+            if (per_row != NULL) memcpy(per_row + at * area, S, sizeof(float) * area);
+        }
+        free(mem);
+    }
+}

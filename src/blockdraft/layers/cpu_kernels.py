@@ -94,6 +94,8 @@ def library() -> ctypes.CDLL | None:
     lib.bd_swiglu.argtypes = [ptr, i64, ptr, i64, i32, i32, ptr, i32]
     lib.bd_rmsnorm.restype = None
     lib.bd_rmsnorm.argtypes = [ptr, i32, i32, ptr, f32, ptr, i32]
+    lib.bd_delta_rule.restype = None
+    lib.bd_delta_rule.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, ptr, ptr, ptr, i32]
     return lib
 
 
@@ -320,3 +322,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, isa: str | None 
     library().bd_rmsnorm(x.data_ptr(), x.numel() // d, d, weight.data_ptr(), eps, out.data_ptr(),
                          ISAS[isa or best_isa()])
     return out
+
+
+def delta_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decay: torch.Tensor,
+               beta: torch.Tensor, valid: torch.Tensor | None, keep_states: bool):
+    """The Gated DeltaNet recurrence of `layers/deltanet.py` in one call per forward (`bd_delta_rule`, instead
+    of a dozen PyTorch ops per row), or None where it does not apply (not fp32 on the CPU, autograd
+    recording, no kernel). Its sums are ordered as PyTorch's are not, so it agrees with the PyTorch spelling
+    to fp32 rounding; wherever it applies it runs every row (prefill, decode, verify, replay), so a state
+    has the same bits however its rows were grouped."""
+    tensors = (state, q, k, v, decay, beta)
+    if (any(x.dtype != torch.float32 or x.device.type != "cpu" for x in tensors) or library() is None
+            or (torch.is_grad_enabled() and any(x.requires_grad for x in tensors))):
+        return None
+    b, t, h, dk = q.shape
+    dv = v.shape[-1]
+    state, q, k, v, decay, beta = (x.contiguous() for x in tensors)
+    out = torch.empty(b, t, h, dv)
+    final = torch.empty(b, h, dk, dv)
+    per_row = torch.empty(b, t, h, dk, dv) if keep_states else None
+    mask = valid.to(torch.uint8).contiguous() if valid is not None else None
+    library().bd_delta_rule(state.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), decay.data_ptr(),
+                            beta.data_ptr(), None if mask is None else mask.data_ptr(), b, t, h, dk, dv,
+                            out.data_ptr(), final.data_ptr(), None if per_row is None else per_row.data_ptr(),
+                            torch.get_num_threads())
+    return out, final, per_row
