@@ -35,7 +35,7 @@ from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
 from ..sampling.params import SamplingParams
 from .policy import DraftWidthPolicy
-from .runner import ModelRunner
+from .runner import ModelRunner, StepRunner
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .threads import ThreadChoice
@@ -142,7 +142,7 @@ class LLMEngine:
         self.stats = EngineStats(blocks_total=n, blocks_free=n)
         self.scheduler = Scheduler(self.blocks, self.config.max_batch, self.lookahead, self.config.prefill_chunk,
                                    self.policy, self.stats, eos_ids, decode, drafter is not None,
-                                   getattr(self.runner, "ring", None), getattr(self.runner, "states", None))
+                                   self.runner.ring, self.runner.states)
         self.seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
 

@@ -26,7 +26,7 @@ import torch
 
 from ..sampling.probs import pick
 from ..spec_decode.lattice import Lattice, walk
-from .runner import ModelRunner, SeqOutput, verify
+from .runner import SeqOutput, StepRunner, verify
 from .sequence import Sequence
 
 
@@ -74,7 +74,9 @@ def graph_models(models) -> tuple[GraphModel, GraphModel]:
     return GraphModel(target), GraphModel(drafter)
 
 
-class OnnxRunner(ModelRunner):
+class OnnxRunner(StepRunner):
+    """The engine's step over an export's graphs (module docstring)."""
+
     def __init__(self, models, num_blocks: int, max_batch: int, pool_fill: float = 0.0):
         self.models = models
         self.spill = -(-models.block_size // models.page) + 1

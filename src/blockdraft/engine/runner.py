@@ -10,6 +10,7 @@ advances each one's generator): it returns what each computed (`SeqOutput`) and
 
 from __future__ import annotations
 
+import abc
 import time
 from dataclasses import dataclass, field
 
@@ -62,7 +63,39 @@ def verify(seq: Sequence, block: list[int], logits: torch.Tensor, argmax: list[i
                      taps=taps)
 
 
-class ModelRunner:
+class StepRunner(abc.ABC):
+    """What the engine asks of a backend each step. `run` is the one step body (prefill the scheduled
+    chunks, then propose → verify → accept for the decoding sequences); a backend supplies the two model
+    halves. `ModelRunner` runs the torch modules on paged pools; `onnx_runner.OnnxRunner` runs an export's
+    graphs on onnxruntime. `ring` and `states` are the per-sequence resources the scheduler hands out
+    (a drafter's sliding-window ring rows, a hybrid target's recurrent-state slots), None where absent."""
+
+    ring = None
+    states = None
+
+    def run(self, batch: ScheduledBatch) -> StepOutputs:
+        """Prefill the scheduled chunks, then propose → verify → accept for the decoding sequences."""
+        out = StepOutputs(self.prefill(batch.prefill, batch.prefill_counts) if batch.prefill else [])
+        if batch.decode:
+            t0 = time.perf_counter()
+            out.decode = self.decode(batch.decode, batch.n_drafts)
+            out.decode_s = time.perf_counter() - t0
+        return out
+
+    @abc.abstractmethod
+    def prefill(self, seqs: list[Sequence], counts: list[int]) -> list[SeqOutput]:
+        """Run the next prompt chunk (`counts[i]` tokens) of each sequence; sample the first token of
+        sequences whose prefill completes."""
+
+    @abc.abstractmethod
+    def decode(self, seqs: list[Sequence], n_drafts: list[int]) -> list[SeqOutput]:
+        """One propose → verify → accept over the decoding sequences (`n_drafts[i]` drafts each)."""
+
+
+class ModelRunner(StepRunner):
+    """The torch modules' step: the target and drafter on paged pools (and a drafter ring, a hybrid
+    target's state pool)."""
+
     def __init__(self, target: TargetModel, drafter: BlockDrafter | None, target_pool: PagedKVPool,
                  drafter_pool: PagedKVPool | None, confidence_threshold: float = 0.0, ring=None, states=None):
         self.target, self.drafter = target, drafter
@@ -83,15 +116,6 @@ class ModelRunner:
     def _ids(self, rows: list[list[int]]) -> torch.Tensor:
         width = max(len(r) for r in rows)
         return torch.tensor([r + [0] * (width - len(r)) for r in rows], device=self.target.device)
-
-    def run(self, batch: ScheduledBatch) -> StepOutputs:
-        """Prefill the scheduled chunks, then propose → verify → accept for the decoding sequences."""
-        out = StepOutputs(self.prefill(batch.prefill, batch.prefill_counts) if batch.prefill else [])
-        if batch.decode:
-            t0 = time.perf_counter()
-            out.decode = self.decode(batch.decode, batch.n_drafts)
-            out.decode_s = time.perf_counter() - t0
-        return out
 
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence], counts: list[int]) -> list[SeqOutput]:
