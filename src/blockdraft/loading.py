@@ -36,9 +36,6 @@ def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
     model_dir = Path(model_dir)
     scheme = check_scheme(quantization, torch_dtype(dtype), device)
     cfg = resolve_target(read_json(model_dir / "config.json"))
-    if cfg.hybrid and scheme != "none":
-        raise ConfigError(f"quantization={scheme!r} is not supported for {cfg.architecture} targets (hybrid "
-                          "DeltaNet layers); use quantization none with bfloat16 or float32")
     tensors, skipped = _target_names(load_state_dict(model_dir), cfg)
     if cfg.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)

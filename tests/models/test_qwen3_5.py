@@ -105,9 +105,16 @@ def test_drafter_taps_outside_the_target_are_a_named_error(hybrid_root):
         load_drafter(hm.drafter_dir(hybrid_root, "dflash", taps=(0, 4)), target)
 
 
-def test_quantized_hybrid_target_is_refused_by_name(hybrid_root):
-    with pytest.raises(ConfigError, match="quantization='int8' is not supported for qwen3_5"):
-        load_target(hm.checkpoint(str(hybrid_root)), dtype="bfloat16", quantization="int8")
+def test_int4_hybrid_target_runs_its_projections_quantized(hybrid_root):
+    from blockdraft.layers.quant import QuantizedLinear
+    target = load_target(hm.checkpoint(str(hybrid_root)), dtype="bfloat16", quantization="int4")
+    deltanet, attention = target.layers[0].linear_attn, target.layers[3].self_attn
+    assert all(isinstance(m, QuantizedLinear) for m in (deltanet.in_proj_qkv, deltanet.out_proj, attention.q_proj,
+                                                        attention.o_proj, target.layers[0].mlp.down_proj))
+    assert target.quantization == "int4" and target.fused is None
+    ref = load_target(hm.checkpoint(str(hybrid_root)), dtype="float32").logits([[5, 17, 3, 88, 41]])
+    got = target.logits([[5, 17, 3, 88, 41]]).float()
+    assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.98
 
 
 @pytest.mark.parametrize("speculators", [False, True], ids=["zlab-deepspec", "speculators"])

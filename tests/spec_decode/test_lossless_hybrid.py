@@ -44,6 +44,18 @@ def test_speculative_equals_plain_and_the_cache_free_loop(hybrid_root, kind, moe
         assert (o.token_ids, o.acceptance_lengths) == (ref.token_ids, ref.acceptance_lengths)
 
 
+def test_int4_speculative_equals_plain_int4(hybrid_root):
+    """Lossless against the quantized model (a different model from the bf16 one), batched."""
+    from blockdraft.loading import load_drafter, load_target
+    target = load_target(hm.checkpoint(str(hybrid_root)), dtype="bfloat16", quantization="int4")
+    drafter = load_drafter(hm.trained_drafter_dir(str(hybrid_root), "dspark"), target)
+    prompts = hm.prompts(8, seed=12, low=3, high=30)
+    plain = _engine(target, None).generate(prompts, GREEDY)
+    spec = _engine(target, drafter).generate(prompts, GREEDY)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert max(a for o in spec for a in o.acceptance_lengths) > 1
+
+
 @pytest.mark.parametrize("rollback", ["replay", "per_row"])
 def test_preemption_recomputes_the_state_and_loses_nothing(hybrid_root, rollback):
     target, drafter = hm.load_pair(hybrid_root, "dspark")

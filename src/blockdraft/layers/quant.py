@@ -166,6 +166,8 @@ def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) ->
     `kernel` as `QuantizedLinear` takes it (None: the own kernel where it applies)."""
     if scheme == "none":
         return model
+    if model.config.architecture.startswith("qwen3_5"):
+        return _quantize_hybrid(model, scheme, kernel)
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         attn.qkv_proj = _fused(attn, ("q_proj", "k_proj", "v_proj"), scheme, kernel)
@@ -178,6 +180,24 @@ def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) ->
     # model's tied embedding / head is Q8_0)
     head = "int8_g32" if model.lm_head.weight.shape[1] % INT4_GROUP == 0 else "int8"
     model.lm_head = QuantizedLinear(model.lm_head.weight, None, head, kernel)
+    model.quantization = scheme
+    model.quantization_kernel = kernels_in(model)
+    return model
+
+
+def _quantize_hybrid(model: nn.Module, scheme: str, kernel: str | None) -> nn.Module:
+    """Qwen3.5 layers: every projection whose shape the kernels take (out a multiple of 16, in of 32) as
+    `scheme`; the small ones (DeltaNet's b/a heads, the shared-expert gate), the router and the stacked
+    experts stay bf16. The layers run one by one (no fused stack: the DeltaNet state is not in it)."""
+    for layer in model.layers:
+        for parent in list(layer.modules()):
+            for name, child in list(parent.named_children()):
+                if (isinstance(child, nn.Linear) and child.out_features % 16 == 0
+                        and child.in_features % INT4_GROUP == 0):
+                    setattr(parent, name, QuantizedLinear(child.weight, child.bias, scheme, kernel))
+    head = "int8_g32" if model.lm_head.weight.shape[1] % INT4_GROUP == 0 else "int8"
+    model.lm_head = QuantizedLinear(model.lm_head.weight, None, head, kernel)
+    model.fused = None
     model.quantization = scheme
     model.quantization_kernel = kernels_in(model)
     return model
