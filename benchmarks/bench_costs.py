@@ -1,13 +1,17 @@
 """Step cost per row count, per numerics, in one run: what the draft-width policy trades off.
 
-    python benchmarks/bench_costs.py [--context 300] [--repeats 7] [--threads 1]
+    python benchmarks/bench_costs.py [--context 300] [--repeats 7] [--threads 1] [--models smollm2,qwen3.5]
 
 Target: one SmolLM2 pass over R new rows (R = 1, 2, 4, 8, 9, 16) after a `--context`-token
 prefill, in bf16 with the row-invariant kernels (what ships), bf16 with plain SDPA/F.linear
 (not row-invariant: for comparison), fp32, and weight-only int8 / int4 (bf16 activations).
 Drafter: one block pass of each shipped drafter (context already written) in bf16 and in int4 (its
-target's numerics: what the default command runs), logits over the first R rows. Medians of `--repeats`; every configuration is timed in
-the same process, interleaved by repeat. Writes benchmarks/results/costs.json and docs/costs.png.
+target's numerics: what the default command runs), logits over the first R rows.
+Hybrid: a random Qwen3.5-shaped target (`QWEN3_5_SHAPE`: 18 Gated DeltaNet + 6 gated-attention
+layers) in bf16 and int4, one pass over R rows plus the state commit, once keeping every row and once keeping
+half of them (the DeltaNet state replayed over the kept rows: a rejection's rollback).
+Medians of `--repeats`; every configuration is timed in the same process, interleaved by repeat.
+Writes benchmarks/results/costs.json and docs/costs.png (`--models qwen3.5` alone: costs_qwen3_5.*).
 """
 
 from __future__ import annotations
@@ -23,6 +27,41 @@ from torch.nn import functional as F
 
 from results_io import new_figure, save_figure, write_results
 ROWS = (1, 2, 4, 8, 9, 16)
+# A random model with Qwen3.5's layer pattern and head geometry at a small width (no checkpoint ships).
+QWEN3_5_SHAPE = dict(vocab_size=32000, hidden_size=1024, intermediate_size=3584, num_layers=24, num_heads=8,
+                     num_kv_heads=2, head_dim=256, max_position_embeddings=4096)
+
+
+def qwen3_5_shaped():
+    from blockdraft.config import DeltaNetConfig, TargetConfig
+    from blockdraft.models.target import TargetModel
+    cfg = TargetConfig(architecture="qwen3_5", **QWEN3_5_SHAPE, qk_norm=True,
+                       layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                                         for i in range(QWEN3_5_SHAPE["num_layers"])),
+                       deltanet=DeltaNetConfig(num_k_heads=16, num_v_heads=16, k_dim=128, v_dim=128, conv_kernel=4),
+                       partial_rotary_factor=0.25, attn_output_gate=True, norm_offset=True)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = TargetModel(cfg)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02)
+    return model.to(torch.bfloat16).eval().requires_grad_(False)
+
+
+def hybrid_step(t, cache, ids: torch.Tensor, context: int, keep: int) -> float:
+    """Time one pass over ids plus the commit of `keep` rows; then put the state and length back."""
+    pool = cache.states
+    saved = [x.clone() for i in pool.layers for x in (pool.conv[i], pool.rec[i])]
+    t0 = time.perf_counter()
+    t(ids, cache)
+    cache.truncate(context + keep)
+    spent = time.perf_counter() - t0
+    for x, y in zip([x for i in pool.layers for x in (pool.conv[i], pool.rec[i])], saved):
+        x.copy_(y)
+    cache.length = context
+    return spent
 
 
 def main() -> int:
@@ -30,7 +69,10 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--models", default="smollm2,qwen3.5", help="smollm2 (every numerics, drafters), qwen3.5 "
+                    "(the hybrid-shaped target)")
     args = ap.parse_args()
+    models = set(args.models.split(","))
     torch.set_num_threads(args.threads)
 
     import blockdraft.layers.attention as attention
@@ -48,11 +90,19 @@ def main() -> int:
         attention._row_stable = stable_attn if stable else plain_attn
         linear.ROW_CHUNK = 16 if stable else 10 ** 9
 
-    targets = {"bf16 row-invariant": (load_target(smollm2_dir(), "bfloat16"), True),
-               "bf16 plain (SDPA)": (None, False), "fp32": (load_target(smollm2_dir(), "float32"), True)}
-    targets["bf16 plain (SDPA)"] = (targets["bf16 row-invariant"][0], False)
-    for scheme in ("int8", "int4"):      # weight-only, bf16 activations, row-invariant kernels
-        targets[f"{scheme} weight-only"] = (load_target(smollm2_dir(), "bfloat16", scheme), True)
+    targets = {}
+    if "smollm2" in models:
+        targets = {"bf16 row-invariant": (load_target(smollm2_dir(), "bfloat16"), True),
+                   "bf16 plain (SDPA)": (None, False), "fp32": (load_target(smollm2_dir(), "float32"), True)}
+        targets["bf16 plain (SDPA)"] = (targets["bf16 row-invariant"][0], False)
+        for scheme in ("int8", "int4"):      # weight-only, bf16 activations, row-invariant kernels
+            targets[f"{scheme} weight-only"] = (load_target(smollm2_dir(), "bfloat16", scheme), True)
+    hybrid = {}
+    if "qwen3.5" in models:
+        from blockdraft.layers.quant import quantize_target
+        for numerics, h in (("bf16", qwen3_5_shaped()), ("int4", quantize_target(qwen3_5_shaped(), "int4"))):
+            for kept in ("all rows kept", "half kept (replay)"):
+                hybrid[f"qwen3.5-shaped {numerics}, {kept}"] = (h, h.new_cache(1, args.context + 32))
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 49152, (1, args.context), generator=g)
     caches = {}
@@ -62,8 +112,11 @@ def main() -> int:
             cache = t.new_cache(1, args.context + 32)
             t(prompt, cache)
             caches[name] = cache
+        for name, (h, cache) in hybrid.items():
+            h(prompt % h.config.vocab_size, cache)
+            cache.truncate(args.context)
         drafters = {}     # each shipped drafter in its target's numerics: bf16, and int4 (what the default runs)
-        for kind in ("dspark", "dflash"):
+        for kind in ("dspark", "dflash") if "smollm2" in models else ():
             for numerics, target_name in (("bf16", "bf16 row-invariant"), ("int4", "int4 weight-only")):
                 t = targets[target_name][0]
                 d = load_drafter(resolve_drafter_dir(None, kind), t)
@@ -71,7 +124,8 @@ def main() -> int:
                 d.extend_context(t(prompt, t.new_cache(1, args.context + 32), d.config.taps).taps, dc)
                 drafters[f"{kind} {numerics}"] = (d, dc)
 
-        times: dict[str, dict[int, list[float]]] = {n: {r: [] for r in ROWS} for n in [*targets, *drafters]}
+        times: dict[str, dict[int, list[float]]] = {n: {r: [] for r in ROWS}
+                                                    for n in [*targets, *hybrid, *drafters]}
         for _ in range(args.repeats):
             for name, (t, stable) in targets.items():
                 use(stable)
@@ -82,6 +136,11 @@ def main() -> int:
                     t(ids, caches[name])
                     times[name][rows].append(time.perf_counter() - t0)
             use(True)
+            for name, (h, cache) in hybrid.items():
+                for rows in ROWS:
+                    ids = torch.randint(0, h.config.vocab_size, (1, rows), generator=g)
+                    keep = rows if "all rows" in name else (rows + 1) // 2
+                    times[name][rows].append(hybrid_step(h, cache, ids, args.context, keep))
             for kind, (d, dc) in drafters.items():
                 anchor = torch.tensor([int(prompt[0, -1])])
                 for rows in ROWS:
@@ -94,18 +153,19 @@ def main() -> int:
               "cpu_native_bf16": native_bf16(), "amx": "amx_bf16" in cpu_flags(),
               "ms": {n: {r: 1e3 * statistics.median(v) for r, v in per.items()} for n, per in times.items()}}
     report["ratio_vs_1_row"] = {n: {r: v / per[1] for r, v in per.items()} for n, per in report["ms"].items()}
-    write_results("costs", report)
+    name = "costs" if "smollm2" in models else "costs_qwen3_5"     # the hybrid alone: its own files
+    write_results(name, report)
     print(json.dumps(report["ms"], indent=1))
     if made := new_figure(figsize=(7, 3.8)):
         fig, ax = made
         for name, per in report["ms"].items():
             ax.plot(list(per), list(per.values()), marker="o",
-                    label=name if name in targets else f"drafter {name} (block, logits rows)")
+                    label=name if name in targets or name in hybrid else f"drafter {name} (block, logits rows)")
         ax.set_xlabel("rows in the pass")
         ax.set_ylabel("ms (median)")
-        ax.set_title(f"SmolLM2-135M step cost, context {args.context}, {args.threads} thread(s)")
+        ax.set_title(f"step cost, context {args.context}, {args.threads} thread(s)")
         ax.legend(fontsize=8)
-        save_figure(fig, "costs")
+        save_figure(fig, name)
     return 0
 
 

@@ -5,7 +5,7 @@ A stateful layer cannot roll back by length as KV can. One interface serves ever
     slot = pool.acquire()                       # zeroed; one per running sequence
     step = pool.begin(slots, counts)            # a forward's view: working copies of the states
     ... target forward: each layer reads `step.initial(layer)`, calls `step.record(...)` ...
-    pool.commit(step, keep)                     # keep[i] rows of sequence i become its state
+    pool.commit(step, slots, keep)              # keep[i] rows of sequence i become its state
     pool.release(slot)
 
 The forward never writes the pool. `commit` makes a slot's state exactly the state after its first
@@ -14,7 +14,7 @@ state is either the one the forward reached (every row kept) or, after a rejecti
 the kept rows' recorded inputs (q, k, v, g, beta) from the slot's state through the same per-token
 recurrence — bitwise the state of a run that only saw those rows. `rollback="per_row"` keeps the
 state after every row instead and picks one: no replay, but `rows × state` bytes per sequence each
-step (`docs/engine.md` compares the two; replay is the default).
+step (`docs/supported-models.md` compares the two; replay is the default).
 """
 
 from __future__ import annotations
@@ -112,11 +112,6 @@ class RecurrentStatePool:
                     for i in layers}
         self.free_slots = list(range(slots))
         self.num_slots = slots
-
-    @classmethod
-    def fresh(cls, layers: list[int], batch: int, cfg: DeltaNetConfig, dtype: torch.dtype,
-              device: torch.device | str = "cpu") -> "RecurrentStatePool":
-        return cls(layers, batch, cfg, dtype, device)
 
     @property
     def num_free(self) -> int:

@@ -20,8 +20,6 @@ from torch.nn import functional as F
 
 from . import cpu_kernels as kernels
 
-
-
 LANES = 64           # a multiple of every ISA's vector width, twice over (torch's loops step two vectors)
 SLICE = 16384        # elements per call: below torch's parallel grain, so no thread boundary cuts a vector
 
