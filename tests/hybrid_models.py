@@ -1,5 +1,6 @@
-"""Tiny random Qwen3.5 targets (dense and MoE, text-only and multimodal layouts) built with transformers
-5.15 and saved with `save_pretrained`, as a user's checkpoint would be; and random drafters for them."""
+"""Tiny random targets with per-sequence state — Qwen3.5 (dense and MoE, text-only and multimodal layouts)
+and LFM2 — built with transformers 5.15 and saved with `save_pretrained`, as a user's checkpoint would be;
+and drafters for them."""
 
 from __future__ import annotations
 
@@ -73,12 +74,39 @@ def hf_model(moe: bool = False, multimodal: bool = False, seed: int = 0):
     return model
 
 
+def lfm2_model(seed: int = 0):
+    """A random transformers LFM2 (short conv, attention, conv, attention), scaled as `hf_model`."""
+    import transformers as tf
+    torch.manual_seed(seed)
+    config = tf.Lfm2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=192, num_hidden_layers=LAYERS,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                           full_attn_idxs=[1, 3], conv_L_cache=3, block_multiple_of=32, tie_word_embeddings=False,
+                           eos_token_id=VOCAB - 2, bos_token_id=1, pad_token_id=0)
+    config._attn_implementation = "eager"
+    model = tf.Lfm2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(1.0, 0.2)
+            elif name.endswith("embed_tokens.weight"):
+                p.normal_(0.0, 1.0)
+            elif name.endswith(("out_proj.weight", "w2.weight")):
+                p.normal_(0.0, 0.06)
+            else:
+                p.normal_(0.0, 0.15)
+        embed = model.get_input_embeddings().weight
+        perm = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed + 7))
+        model.lm_head.weight.copy_(embed[perm] * 2.0)
+    return model
+
+
 @lru_cache(maxsize=None)
-def checkpoint(root: str, moe: bool = False, multimodal: bool = False) -> Path:
+def checkpoint(root: str, moe: bool = False, multimodal: bool = False, arch: str = "qwen3_5") -> Path:
     """Saved once per test session under `root`."""
-    path = Path(root) / f"qwen3_5{'_moe' if moe else ''}{'_mm' if multimodal else ''}"
+    path = Path(root) / (f"qwen3_5{'_moe' if moe else ''}{'_mm' if multimodal else ''}" if arch == "qwen3_5"
+                         else arch)
     if not (path / "config.json").is_file():
-        hf_model(moe, multimodal).save_pretrained(path)
+        (hf_model(moe, multimodal) if arch == "qwen3_5" else lfm2_model()).save_pretrained(path)
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(TOKENIZER / name, path / name)
     return path
@@ -147,23 +175,23 @@ def prompts(n: int, seed: int, low: int = 4, high: int = 16) -> list[list[int]]:
 
 
 @lru_cache(maxsize=None)
-def trained_drafter_dir(root: str, kind: str, moe: bool = False) -> Path:
+def trained_drafter_dir(root: str, kind: str, moe: bool = False, arch: str = "qwen3_5") -> Path:
     """A drafter distilled for a few hundred steps on the tiny target's own greedy text (fp32), saved
     in the published layout (bf16): it partly agrees with the target (acceptance lengths ~2-4 of 5)."""
     from blockdraft.checkpoints.publish import save_drafter
     from blockdraft.train.trainer import TrainConfig, fit, teacher_data
-    out = Path(root) / f"trained-{kind}{'-moe' if moe else ''}"
+    out = Path(root) / f"trained-{kind}{'-moe' if moe else ''}-{arch}"
     if (out / "config.json").is_file():
         return out
-    target = load_target(checkpoint(root, moe), dtype="float32")
+    target = load_target(checkpoint(root, moe, arch=arch), dtype="float32")
     drafter = load_drafter(drafter_dir(Path(root), kind), target)
     data = teacher_data(target, prompts(16, 3), 24, drafter.config.taps)
     fit(drafter, data, TrainConfig(steps=200, lr=1e-2, seqs_per_step=1, anchors_per_seq=8, seed=7), progress=False)
     return save_drafter(drafter, target, out)
 
 
-def load_pair(root: Path, kind: str | None, moe: bool = False, dtype: str = "bfloat16"):
-    """The tiny Qwen3.5 target (dense or MoE) and a trained drafter of `kind` (None: no drafter)."""
-    target = load_target(checkpoint(str(root), moe), dtype=dtype)
-    drafter = None if kind is None else load_drafter(trained_drafter_dir(str(root), kind, moe), target)
+def load_pair(root: Path, kind: str | None, moe: bool = False, dtype: str = "bfloat16", arch: str = "qwen3_5"):
+    """A tiny target (Qwen3.5 dense or MoE, or LFM2) and a trained drafter of `kind` (None: no drafter)."""
+    target = load_target(checkpoint(str(root), moe, arch=arch), dtype=dtype)
+    drafter = None if kind is None else load_drafter(trained_drafter_dir(str(root), kind, moe, arch), target)
     return target, drafter

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from .errors import ConfigError
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe")
-TARGET_LAYER_TYPES = ("full_attention", "linear_attention")
+ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe", "lfm2")
+TARGET_LAYER_TYPES = ("full_attention", "linear_attention", "short_conv")
+STATE_LAYER_TYPES = ("linear_attention", "short_conv")
 DRAFTER_KINDS = ("dflash", "dflash2", "dspark")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -86,6 +87,20 @@ class DeltaNetConfig:
 
 
 @dataclass(frozen=True)
+class ShortConvConfig:
+    """LFM2 short-convolution layers: y = C ⊙ conv(B ⊙ x), a depthwise causal conv of `conv_kernel`
+    taps over the hidden width (state: its last `conv_kernel - 1` input rows; no recurrence)."""
+
+    conv_dim: int
+    conv_kernel: int
+    bias: bool = False
+
+    def __post_init__(self):
+        _positive("conv_dim", self.conv_dim)
+        _positive("conv_L_cache", self.conv_kernel)
+
+
+@dataclass(frozen=True)
 class MoeConfig:
     """A sparse MoE feed-forward (Qwen3.5-MoE): softmax router over all experts, top-k renormalised,
     plus a sigmoid-gated shared expert."""
@@ -120,6 +135,7 @@ class TargetConfig(DecoderDims):
     # Qwen3.5: per-layer kind, DeltaNet shapes, MoE, and the attention details that differ from Qwen3
     layer_types: tuple[str, ...] = ()            # empty: every layer full attention
     deltanet: DeltaNetConfig | None = None
+    short_conv: ShortConvConfig | None = None    # LFM2
     moe: MoeConfig | None = None
     partial_rotary_factor: float = 1.0           # rotary on the first head_dim * factor dims
     attn_output_gate: bool = False               # q_proj emits query and gate; output x sigmoid(gate)
@@ -139,6 +155,8 @@ class TargetConfig(DecoderDims):
                                   f"{TARGET_LAYER_TYPES})")
             if "linear_attention" in self.layer_types and self.deltanet is None:
                 raise ConfigError("layer_types has linear_attention layers but no linear_* (DeltaNet) shapes")
+            if "short_conv" in self.layer_types and self.short_conv is None:
+                raise ConfigError("layer_types has short-conv layers but no conv_L_cache")
         if not 0 < self.partial_rotary_factor <= 1 or int(self.head_dim * self.partial_rotary_factor) % 2:
             raise ConfigError(f"partial_rotary_factor={self.partial_rotary_factor} with head_dim={self.head_dim} "
                               "must give an even rotary width in (0, head_dim]")
@@ -157,8 +175,13 @@ class TargetConfig(DecoderDims):
 
     @property
     def state_layers(self) -> list[int]:
-        """Layers with a recurrent state (Gated DeltaNet), which cannot roll back by length."""
-        return [i for i in range(self.num_layers) if self.layer_type(i) == "linear_attention"]
+        """Layers with a per-sequence state (Gated DeltaNet, short conv), which cannot roll back by length."""
+        return [i for i in range(self.num_layers) if self.layer_type(i) in STATE_LAYER_TYPES]
+
+    @property
+    def state_config(self) -> "DeltaNetConfig | ShortConvConfig | None":
+        """The shapes of the state layers' state (one kind per model)."""
+        return self.deltanet if self.deltanet is not None else self.short_conv
 
     @property
     def hybrid(self) -> bool:

@@ -78,7 +78,24 @@ def _target_names(tensors: dict[str, torch.Tensor], cfg: TargetConfig | None = N
         out[name] = t
     if cfg is not None and cfg.moe is not None:
         out = _pack_experts(out, cfg.moe.num_experts)
+    if cfg is not None and cfg.architecture == "lfm2":
+        out = {_lfm2_name(n): t for n, t in out.items()}
     return out, skipped
+
+
+LFM2_NAMES = ((".operator_norm.", ".input_layernorm."), (".ffn_norm.", ".post_attention_layernorm."),
+              (".feed_forward.w1.", ".mlp.gate_proj."), (".feed_forward.w3.", ".mlp.up_proj."),
+              (".feed_forward.w2.", ".mlp.down_proj."), (".self_attn.out_proj.", ".self_attn.o_proj."),
+              (".self_attn.q_layernorm.", ".self_attn.q_norm."), (".self_attn.k_layernorm.", ".self_attn.k_norm."))
+
+
+def _lfm2_name(name: str) -> str:
+    """LFM2's names -> the Llama-style modules its attention and feed-forward run on."""
+    if name.startswith("embedding_norm."):
+        return "norm." + name[len("embedding_norm."):]
+    for old, new in LFM2_NAMES:
+        name = name.replace(old, new)
+    return name
 
 
 def _pack_experts(tensors: dict[str, torch.Tensor], num_experts: int) -> dict[str, torch.Tensor]:

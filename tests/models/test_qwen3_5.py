@@ -149,7 +149,7 @@ def test_rollback_is_bitwise_the_state_of_the_accepted_rows(hybrid_root, moe, ro
     with torch.inference_mode():
         for keep in range(block.shape[1] + 1):
             spec = target.new_cache(1, 32)
-            spec.states = RecurrentStatePool(cfg.state_layers, 1, cfg.deltanet, target.dtype, rollback=rollback)
+            spec.states = RecurrentStatePool(cfg.state_layers, 1, cfg.state_config, target.dtype, rollback=rollback)
             spec.states.acquire()
             target(prompt, spec)
             spec.truncate(prompt.shape[1])

@@ -1,4 +1,4 @@
-"""Recurrent state of a target's stateful layers (Qwen3.5 Gated DeltaNet), per sequence slot.
+"""Per-sequence state of a target's stateful layers (Qwen3.5 Gated DeltaNet, LFM2 short conv), per slot.
 
 A stateful layer cannot roll back by length as KV can. One interface serves every such layer:
 
@@ -23,29 +23,33 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import DeltaNetConfig
+from ..config import DeltaNetConfig, ShortConvConfig
 from ..layers.deltanet import delta_rule
 
 ROLLBACKS = ("replay", "per_row")
 
 
-def state_bytes_per_slot(cfg: DeltaNetConfig, num_layers: int, dtype: torch.dtype) -> int:
-    """Bytes one sequence's state takes: conv rows in the model dtype, the recurrent state in fp32."""
+def _recurrent(cfg) -> bool:
+    return isinstance(cfg, DeltaNetConfig)
+
+
+def state_bytes_per_slot(cfg: DeltaNetConfig | ShortConvConfig, num_layers: int, dtype: torch.dtype) -> int:
+    """Bytes one sequence's state takes: conv rows in the model dtype, a DeltaNet's recurrent state in fp32."""
     conv = (cfg.conv_kernel - 1) * cfg.conv_dim * torch.empty((), dtype=dtype).element_size()
-    rec = cfg.num_v_heads * cfg.k_dim * cfg.v_dim * 4
+    rec = cfg.num_v_heads * cfg.k_dim * cfg.v_dim * 4 if _recurrent(cfg) else 0
     return num_layers * (conv + rec)
 
 
 @dataclass
 class LayerRecord:
-    conv_in: torch.Tensor            # [b, rows, conv_dim] the conv's inputs (model dtype)
-    q: torch.Tensor                  # [b, rows, H, d_k] fp32, normalised and scaled
-    k: torch.Tensor                  # [b, rows, H, d_k] fp32, normalised
-    v: torch.Tensor                  # [b, rows, H, d_v] fp32
-    g: torch.Tensor                  # [b, rows, H] fp32 log decay
-    beta: torch.Tensor               # [b, rows, H] fp32
-    final: torch.Tensor              # [b, H, d_k, d_v] after each sequence's last valid row
-    per_row: torch.Tensor | None     # [b, rows, H, d_k, d_v] (rollback="per_row")
+    conv_in: torch.Tensor                # [b, rows, conv_dim] the conv's inputs (model dtype)
+    q: torch.Tensor | None = None        # [b, rows, H, d_k] fp32, normalised and scaled  (DeltaNet only:)
+    k: torch.Tensor | None = None        # [b, rows, H, d_k] fp32, normalised
+    v: torch.Tensor | None = None        # [b, rows, H, d_v] fp32
+    g: torch.Tensor | None = None        # [b, rows, H] fp32 log decay
+    beta: torch.Tensor | None = None     # [b, rows, H] fp32
+    final: torch.Tensor | None = None    # [b, H, d_k, d_v] after each sequence's last valid row
+    per_row: torch.Tensor | None = None  # [b, rows, H, d_k, d_v] (rollback="per_row")
 
 
 class StateStep:
@@ -53,19 +57,19 @@ class StateStep:
 
     def __init__(self, conv: dict[int, torch.Tensor], rec: dict[int, torch.Tensor], counts: list[int],
                  keep_states: bool = False):
-        self.conv, self.rec = conv, rec                  # per layer [b, K-1, C] / [b, H, d_k, d_v]
+        self.conv, self.rec = conv, rec                  # per layer [b, K-1, C] / [b, H, d_k, d_v] (DeltaNet)
         self.counts = counts
         rows = max(counts)
-        device = next(iter(rec.values())).device
+        device = next(iter(conv.values())).device
         self.valid = None
         if min(counts) != rows:
             self.valid = torch.arange(rows, device=device)[None, :] < torch.tensor(counts, device=device)[:, None]
         self.keep_states = keep_states
         self.records: dict[int, LayerRecord] = {}
 
-    def initial(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(conv rows [b, K-1, C], recurrent state [b, H, d_k, d_v]) before this forward's rows."""
-        return self.conv[layer], self.rec[layer]
+    def initial(self, layer: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(conv rows [b, K-1, C], recurrent state [b, H, d_k, d_v] or None) before this forward's rows."""
+        return self.conv[layer], self.rec.get(layer)
 
     def record(self, layer: int, rec: LayerRecord) -> None:
         self.records[layer] = rec
@@ -101,7 +105,7 @@ class StateStep:
 class RecurrentStatePool:
     """States of the target layers `layers` for up to `slots` sequences."""
 
-    def __init__(self, layers: list[int], slots: int, cfg: DeltaNetConfig, dtype: torch.dtype,
+    def __init__(self, layers: list[int], slots: int, cfg: DeltaNetConfig | ShortConvConfig, dtype: torch.dtype,
                  device: torch.device | str = "cpu", rollback: str = "replay"):
         if rollback not in ROLLBACKS:
             raise ValueError(f"rollback={rollback!r} (choose from {ROLLBACKS})")
@@ -109,7 +113,7 @@ class RecurrentStatePool:
         self.conv = {i: torch.zeros(slots, cfg.conv_kernel - 1, cfg.conv_dim, dtype=dtype, device=device)
                      for i in layers}
         self.rec = {i: torch.zeros(slots, cfg.num_v_heads, cfg.k_dim, cfg.v_dim, dtype=torch.float32, device=device)
-                    for i in layers}
+                    for i in layers} if _recurrent(cfg) else {}
         self.free_slots = list(range(slots))
         self.num_slots = slots
 
@@ -121,9 +125,9 @@ class RecurrentStatePool:
         if not self.free_slots:
             raise RuntimeError("no free recurrent-state slot (the scheduler admits at most max_batch sequences)")
         slot = self.free_slots.pop(0)
-        for i in self.layers:
-            self.conv[i][slot].zero_()
-            self.rec[i][slot].zero_()
+        for store in (self.conv, self.rec):
+            for t in store.values():
+                t[slot].zero_()
         return slot
 
     def release(self, slot: int | None) -> None:
@@ -131,16 +135,17 @@ class RecurrentStatePool:
             self.free_slots.append(slot)
 
     def begin(self, slots: list[int], counts: list[int]) -> StateStep:
-        idx = torch.tensor(slots, device=next(iter(self.rec.values())).device)
-        return StateStep({i: self.conv[i].index_select(0, idx) for i in self.layers},
-                         {i: self.rec[i].index_select(0, idx) for i in self.layers}, counts,
+        idx = torch.tensor(slots, device=next(iter(self.conv.values())).device)
+        return StateStep({i: t.index_select(0, idx) for i, t in self.conv.items()},
+                         {i: t.index_select(0, idx) for i, t in self.rec.items()}, counts,
                          keep_states=self.rollback == "per_row")
 
     def commit(self, step: StateStep, slots: list[int], keep: list[int]) -> None:
         """Make slot i's state the state after the first keep[i] rows of the step."""
-        device = next(iter(self.rec.values())).device
+        device = next(iter(self.conv.values())).device
         idx = torch.tensor(slots, device=device)
         keep_t = torch.tensor(keep, device=device)
         for i in self.layers:
             self.conv[i].index_copy_(0, idx, step.kept_conv(i, keep_t))
-            self.rec[i].index_copy_(0, idx, step.kept_state(i, keep))
+            if i in self.rec:
+                self.rec[i].index_copy_(0, idx, step.kept_state(i, keep))

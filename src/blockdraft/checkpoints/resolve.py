@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..config import (DRAFTER_KINDS, DeltaNetConfig, DrafterConfig, MoeConfig, RopeConfig, TargetConfig,
-                      default_tap_point)
+from ..config import (DRAFTER_KINDS, DeltaNetConfig, DrafterConfig, MoeConfig, RopeConfig, ShortConvConfig,
+                      TargetConfig, default_tap_point)
 from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ QWEN3_5_ARCHITECTURES = {
 }
 QWEN3_5_MODEL_TYPES = {"qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5",
                        "qwen3_5_moe": "qwen3_5_moe", "qwen3_5_moe_text": "qwen3_5_moe"}
-SUPPORTED_TARGETS = ("LlamaForCausalLM", "Qwen3ForCausalLM", *QWEN3_5_ARCHITECTURES)
+SUPPORTED_TARGETS = ("LlamaForCausalLM", "Qwen3ForCausalLM", *QWEN3_5_ARCHITECTURES, "Lfm2ForCausalLM")
 
 
 def _target_architecture(cfg: dict) -> str:
@@ -171,6 +171,8 @@ def _target_architecture(cfg: dict) -> str:
         return "qwen3"
     if "LlamaForCausalLM" in archs or model_type == "llama":
         return "llama"
+    if "Lfm2ForCausalLM" in archs or model_type == "lfm2":
+        return "lfm2"
     if model_type in QWEN3_5_MODEL_TYPES:
         return QWEN3_5_MODEL_TYPES[model_type]
     raise ConfigError(f"target architecture {archs or model_type!r} is not supported "
@@ -181,6 +183,8 @@ def resolve_target(cfg: dict) -> TargetConfig:
     arch = _target_architecture(cfg)
     if arch.startswith("qwen3_5"):
         return _resolve_qwen3_5(cfg, arch)
+    if arch == "lfm2":
+        return _resolve_lfm2(cfg)
     if cfg.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"hidden_act={cfg['hidden_act']!r} is not supported (only 'silu')")
     return TargetConfig(
@@ -243,6 +247,39 @@ def _resolve_qwen3_5(outer: dict, arch: str) -> TargetConfig:
         eos_token_ids=_eos_ids(cfg),
         layer_types=types, deltanet=deltanet, moe=moe, partial_rotary_factor=float(partial),
         attn_output_gate=True, norm_offset=True,
+    )
+
+
+LFM2_LAYER_TYPES = {"conv": "short_conv", "full_attention": "full_attention", "attention": "full_attention"}
+
+
+def _resolve_lfm2(cfg: dict) -> TargetConfig:
+    """transformers' `lfm2`: short-conv layers beside Qwen3-style attention layers (`layer_types`, or
+    `full_attn_idxs`), SwiGLU feed-forward whose width LFM2 derives from `intermediate_size`."""
+    layers = int(_require(cfg, "num_hidden_layers", "target"))
+    types = cfg.get("layer_types")
+    if types is None:
+        full = cfg.get("full_attn_idxs")
+        full = set(range(layers) if full is None else full)
+        types = ["full_attention" if i in full else "conv" for i in range(layers)]
+    if not isinstance(types, list):
+        raise ConfigError(f"layer_types must be a list, got {types!r}")
+    types = tuple(LFM2_LAYER_TYPES.get(t, t) for t in types)
+    inter = int(cfg.get("block_ff_dim", _require(cfg, "intermediate_size", "target")))
+    if cfg.get("block_auto_adjust_ff_dim", True):          # LFM2's own rule (transformers' Lfm2MLP)
+        inter = int(2 * inter / 3)
+        multiplier, multiple = cfg.get("block_ffn_dim_multiplier", 1.0), int(cfg.get("block_multiple_of", 256))
+        if multiplier is not None:
+            inter = int(multiplier * inter)
+            inter = multiple * ((inter + multiple - 1) // multiple)
+    dims = dict(cfg, intermediate_size=inter, rms_norm_eps=cfg.get("norm_eps", cfg.get("rms_norm_eps", 1e-5)))
+    return TargetConfig(
+        architecture="lfm2", **_dims(dims, "target"),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", cfg.get("tie_embedding", True))),
+        qk_norm=True, max_position_embeddings=int(cfg.get("max_position_embeddings", 128_000)),
+        bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_eos_ids(cfg), layer_types=types,
+        short_conv=ShortConvConfig(conv_dim=int(cfg["hidden_size"]), conv_kernel=int(cfg.get("conv_L_cache", 3)),
+                                   bias=bool(cfg.get("conv_bias", False))),
     )
 
 

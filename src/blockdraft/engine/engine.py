@@ -107,7 +107,7 @@ class LLMEngine:
         self.prefix_caching_off: str | None = None if prefix_caching else "off in EngineConfig"
         state_bytes = 0
         if tc.hybrid:
-            state_bytes = state_bytes_per_slot(tc.deltanet, len(tc.state_layers), target.dtype)
+            state_bytes = state_bytes_per_slot(tc.state_config, len(tc.state_layers), target.dtype)
             if prefix_caching:
                 prefix_caching = False
                 self.prefix_caching_off = (f"refused for {tc.architecture}: its linear_attention layers keep a "
@@ -153,7 +153,7 @@ class LLMEngine:
                                   target.device)
         states = None
         if tc.hybrid:
-            states = RecurrentStatePool(tc.state_layers, self.config.max_batch, tc.deltanet, target.dtype,
+            states = RecurrentStatePool(tc.state_layers, self.config.max_batch, tc.state_config, target.dtype,
                                         target.device, self.config.state_rollback)
         drafter_pool = ring = None
         if drafter is not None:
@@ -312,7 +312,7 @@ def default_cache_budget(target: TargetModel, drafter: BlockDrafter | None, max_
     """Room for `max_batch` sequences of `max_len` tokens (+ lookahead), target and drafter KV."""
     tc = target.config
     geo = KVGeometry.of(tc, target, len(tc.attention_layers))
-    state = state_bytes_per_slot(tc.deltanet, len(tc.state_layers), target.dtype) if tc.hybrid else 0
+    state = state_bytes_per_slot(tc.state_config, len(tc.state_layers), target.dtype) if tc.hybrid else 0
     if drafter is None:
         return budget_for(max_batch, max_len, geo, state_bytes_per_seq=state)
     dc = drafter.config

@@ -35,9 +35,11 @@ def lanewise(fn, x: torch.Tensor) -> torch.Tensor:
     return out[:n].view(x.shape)
 
 
-def causal_conv(window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Depthwise causal conv + SiLU. window [b, K-1+t, C] (the K-1 state rows, then t new rows),
-    weight [C, K] -> [b, t, C] fp32. Taps are summed in a fixed order, in fp32."""
+def causal_conv(window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                silu: bool = True) -> torch.Tensor:
+    """Depthwise causal conv (+ bias) and SiLU (Gated DeltaNet; LFM2's short conv has none). window
+    [b, K-1+t, C] (the K-1 state rows, then t new rows), weight [C, K] -> [b, t, C] fp32. Taps are summed
+    in a fixed order, in fp32."""
     k = weight.shape[1]
     t = window.shape[1] - (k - 1)
     w = weight.float().t()                                                              # [K, C]
@@ -45,7 +47,9 @@ def causal_conv(window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     acc = x[:, 0:t] * w[0]
     for j in range(1, k):
         acc = acc + x[:, j:j + t] * w[j]
-    return lanewise(F.silu, acc)
+    if bias is not None:
+        acc = acc + bias.float()
+    return lanewise(F.silu, acc) if silu else acc
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

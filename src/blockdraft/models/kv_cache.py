@@ -29,7 +29,7 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.length = 0  # tokens whose K/V are committed
         self.states = states
-        self._pending = None  # (start, StateStep) of the last forward, until truncate commits it
+        self._pending = None  # (start, rows, StateStep) of the last forward, until truncate commits it
 
     @property
     def capacity(self) -> int:

@@ -2,8 +2,8 @@
 
 Qwen3 differs from Llama only by q/k RMSNorm per head (`qk_norm`); everything else
 (GQA, tied embeddings, RoPE scaling) is config. Qwen3.5's hybrid layers (Gated DeltaNet with
-per-sequence state, gated attention, MoE) live in `qwen3_5.py`; a step view's `state` carries
-their recurrent state. A tap of layer i is the residual stream
+per-sequence state, gated attention, MoE) live in `qwen3_5.py`, LFM2's short-conv layers in `lfm2.py`;
+a step view's `state` carries their per-sequence state. A tap of layer i is the residual stream
 after layer i; for the last layer its value depends on the drafter's tap point
 (`Taps.point`): "hidden_states" (HF `hidden_states[-1]`) is after the final norm,
 "layer_output" (DeepSpec DSpark) before it.
@@ -27,6 +27,7 @@ from ..layers.linear import StableLinear
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary, apply_rope
 from .kv_cache import KVCache
+from .lfm2 import ShortConvLayer
 from .qwen3_5 import HybridDecoderLayer, OffsetRMSNorm
 
 
@@ -114,6 +115,11 @@ class TargetModel(nn.Module):
         if cfg.architecture.startswith("qwen3_5"):
             self.layers = nn.ModuleList(HybridDecoderLayer(cfg, i) for i in range(cfg.num_layers))
             self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        elif cfg.architecture == "lfm2":
+            self.layers = nn.ModuleList(
+                ShortConvLayer(cfg, MLP(cfg.hidden_size, cfg.intermediate_size)) if cfg.layer_type(i) == "short_conv"
+                else DecoderLayer(cfg) for i in range(cfg.num_layers))
+            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         else:
             self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -139,7 +145,7 @@ class TargetModel(nn.Module):
         c = self.config
         states = None
         if c.hybrid:
-            states = RecurrentStatePool(c.state_layers, batch, c.deltanet, self.dtype, self.device)
+            states = RecurrentStatePool(c.state_layers, batch, c.state_config, self.dtype, self.device)
             for _ in range(batch):
                 states.acquire()
         return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.dtype, self.device, capacity, states)

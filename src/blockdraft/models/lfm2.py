@@ -1,0 +1,57 @@
+"""LFM2 short-convolution layers (transformers `lfm2`): y = out_proj(C ⊙ conv(B ⊙ x)), [B, C, x] = in_proj(h).
+
+The conv is depthwise and causal over `conv_L_cache` taps, with no activation; its state is the last
+`conv_L_cache - 1` rows of B ⊙ x, kept per sequence in `cache/state.py` like a DeltaNet's (no
+recurrence: rollback is a gather). LFM2's attention layers are Qwen3-style (per-head q/k RMSNorm, full
+rotary) and its feed-forward is SwiGLU: `target.DecoderLayer` runs them, the checkpoint's names mapped
+at load (`loading.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..cache.state import LayerRecord
+from ..config import TargetConfig
+from ..layers.deltanet import causal_conv
+from ..layers.direct import DirectCall
+from ..layers.linear import StableLinear
+from ..layers.norm import RMSNorm
+
+
+class ShortConv(DirectCall):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        c = cfg.short_conv
+        h = cfg.hidden_size
+        self.in_proj = StableLinear(h, 3 * h, bias=c.bias)
+        self.out_proj = StableLinear(h, h, bias=c.bias)
+        self.conv = nn.Module()
+        self.conv.weight = nn.Parameter(torch.empty(h, 1, c.conv_kernel))                 # HF's Conv1d layout
+        if c.bias:
+            self.conv.bias = nn.Parameter(torch.zeros(h))
+        self.bias = c.bias
+
+    def forward(self, x: torch.Tensor, state, layer: int) -> torch.Tensor:
+        """x [b, t, hidden]; `state` a `StateStep` -> [b, t, hidden]."""
+        conv_state, _ = state.initial(layer)                                               # [b, K-1, hidden]
+        b_gate, c_gate, h = self.in_proj(x).chunk(3, dim=-1)
+        bx = b_gate * h                                                                    # [b, t, hidden]
+        state.record(layer, LayerRecord(bx))
+        conv = causal_conv(torch.cat([conv_state.to(bx.dtype), bx], 1), self.conv.weight[:, 0],
+                           self.conv.bias if self.bias else None, silu=False)
+        return self.out_proj(c_gate * conv.to(x.dtype))
+
+
+class ShortConvLayer(DirectCall):
+    def __init__(self, cfg: TargetConfig, mlp: nn.Module):
+        super().__init__()
+        self.conv = ShortConv(cfg)
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, step, layer):
+        x = x + self.conv(self.input_layernorm(x), step.state, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))

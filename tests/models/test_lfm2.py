@@ -1,0 +1,110 @@
+"""LFM2 targets (transformers `lfm2`): short-conv layers on the same per-sequence state interface as
+Qwen3.5's DeltaNet (`cache/state.py`), against transformers, rolled back bitwise, lossless in the engine."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import hybrid_models as hm
+from decode_oracle import generate_cache_free
+from blockdraft.engine.engine import EngineConfig, LLMEngine
+from blockdraft.errors import CheckpointError, ConfigError
+from blockdraft.loading import load_target
+from blockdraft.sampling.params import SamplingParams
+
+
+def test_logits_and_greedy_match_transformers(hybrid_root):
+    hf = hm.lfm2_model()
+    ours = load_target(hm.checkpoint(str(hybrid_root), arch="lfm2"), dtype="float32")
+    assert ours.config.layer_types == ("short_conv", "full_attention", "short_conv", "full_attention")
+    prompt = torch.tensor([[5, 17, 3, 88, 41, 9, 60, 2, 33, 71, 12]])
+    with torch.no_grad():
+        generated = hf.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+        ref = hf(generated).logits
+    assert (ours.logits(generated) - ref).abs().max().item() <= 1e-4
+    cache = ours.new_cache(1, 64)
+    tokens = prompt[0].tolist()
+    with torch.inference_mode():
+        out = ours(prompt, cache)
+        cache.truncate(prompt.shape[1])
+        for _ in range(20):
+            tokens.append(int(out.logits[0, -1].argmax()))
+            out = ours(torch.tensor([[tokens[-1]]]), cache)
+            cache.truncate(len(tokens))
+    assert tokens == generated[0].tolist()
+
+
+def test_tied_embeddings_and_the_published_defaults_load(tmp_path):
+    import transformers as tf
+    torch.manual_seed(3)
+    config = tf.Lfm2Config(vocab_size=64, hidden_size=32, intermediate_size=96, num_hidden_layers=3,
+                           num_attention_heads=2, num_key_value_heads=1, full_attn_idxs=[2], block_multiple_of=16)
+    config._attn_implementation = "eager"
+    hf = tf.Lfm2ForCausalLM(config).eval()              # tie_word_embeddings defaults to True, as LiquidAI ships
+    hf.save_pretrained(tmp_path)
+    ours = load_target(tmp_path, dtype="float32")
+    ids = torch.randint(0, 64, (1, 12))
+    with torch.no_grad():
+        assert (ours.logits(ids) - hf(ids).logits).abs().max().item() <= 1e-4
+    assert ours.config.tie_word_embeddings and ours.lm_head.weight is ours.embed_tokens.weight
+
+
+def test_rollback_is_bitwise_the_state_of_the_accepted_rows(hybrid_root):
+    target = load_target(hm.checkpoint(str(hybrid_root), arch="lfm2"), dtype="bfloat16")
+    k = target.config.short_conv.conv_kernel
+    prompt = torch.tensor([[7, 30, 2, 55, 19, 64, 8]])
+    block = torch.tensor([[11, 40, 3, 90, 27, 6]])
+    with torch.inference_mode():
+        for keep in range(block.shape[1] + 1):
+            spec = target.new_cache(1, 32)
+            target(prompt, spec)
+            spec.truncate(prompt.shape[1])
+            target(block, spec)
+            spec.truncate(prompt.shape[1] + keep)
+            fresh = target.new_cache(1, 32)
+            target(torch.cat([prompt, block[:, :keep]], dim=1), fresh)
+            records = fresh._pending[2].records
+            for i in spec.states.layers:
+                assert torch.equal(spec.states.conv[i][0], records[i].conv_in[0, -(k - 1):]), f"keep={keep}"
+            assert not spec.states.rec                       # short conv: no recurrence to keep
+
+
+def test_speculative_equals_plain_and_the_cache_free_loop(hybrid_root):
+    target, drafter = hm.load_pair(hybrid_root, "dspark", arch="lfm2")
+    prompts = hm.prompts(8, seed=21, low=3, high=40)
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    config = EngineConfig(max_batch=8, cache_budget_bytes=4 << 20, max_model_len=128, adaptive_speculation=False)
+    plain = LLMEngine(target, None, config).generate(prompts, params)
+    spec = LLMEngine(target, drafter, config).generate(prompts, params)
+    als = [a for o in spec for a in o.acceptance_lengths]
+    assert 1 < sum(als) / len(als) < drafter.config.num_draft_tokens + 1, "drafts must be partly accepted"
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    for p, o in list(zip(prompts, spec))[:2]:
+        oracle = generate_cache_free(target, p, params.max_tokens, drafter)
+        assert (o.token_ids, o.acceptance_lengths) == (oracle.token_ids, oracle.acceptance_lengths)
+
+
+def _edited(hybrid_root, tmp_path, edit):
+    dst = tmp_path / "bad"
+    shutil.copytree(hm.checkpoint(str(hybrid_root), arch="lfm2"), dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    edit(cfg, dst)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_malformed_checkpoints_are_named_errors(hybrid_root, tmp_path):
+    with pytest.raises(ConfigError, match="layer_types has 3 entries for num_hidden_layers=4"):
+        load_target(_edited(hybrid_root, tmp_path / "a", lambda c, d: c.update(layer_types=["conv"] * 3)))
+    with pytest.raises(ConfigError, match=r"layer_types entries \['mamba2'\] are not supported"):
+        load_target(_edited(hybrid_root, tmp_path / "b", lambda c, d: c.update(layer_types=["mamba2"] * 4)))
+
+    def drop(cfg, d):
+        tensors = load_file(str(d / "model.safetensors"))
+        del tensors["model.layers.2.conv.conv.weight"]
+        save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"missing tensors \['layers.2.conv.conv.weight'\]"):
+        load_target(_edited(hybrid_root, tmp_path / "c", drop))
