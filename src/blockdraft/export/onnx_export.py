@@ -54,7 +54,7 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
     target = load_target(Path(target_dir), torch_dtype)       # validates the target checkpoint
     if target.config.hybrid or target.config.moe is not None:
         raise ConfigError(f"export onnx: {target.config.architecture} targets are not exported (ONNX Runtime "
-                          "GenAI's paged graph contract has no recurrent DeltaNet state); run them in blockdraft")
+                          "GenAI's paged graph contract has no per-sequence layer state); run them in blockdraft")
     drafter = load_drafter(Path(drafter_dir), target)          # validates taps, fc width, vocab, heads
     cfg = drafter.config
     if cfg.kind not in LATTICE_KINDS:

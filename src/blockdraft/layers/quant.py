@@ -166,7 +166,7 @@ def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) ->
     `kernel` as `QuantizedLinear` takes it (None: the own kernel where it applies)."""
     if scheme == "none":
         return model
-    if model.config.architecture.startswith("qwen3_5"):
+    if model.config.hybrid or model.config.moe is not None:
         return _quantize_hybrid(model, scheme, kernel)
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -186,9 +186,10 @@ def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) ->
 
 
 def _quantize_hybrid(model: nn.Module, scheme: str, kernel: str | None) -> nn.Module:
-    """Qwen3.5 layers: every projection whose shape the kernels take (out a multiple of 16, in of 32) as
-    `scheme`; the small ones (DeltaNet's b/a heads, the shared-expert gate), the router and the stacked
-    experts stay bf16. The layers run one by one (no fused stack: the DeltaNet state is not in it)."""
+    """Targets with state layers (Qwen3.5, LFM2) or MoE: every projection whose shape the kernels take (out a
+    multiple of 16, in of 32) as `scheme`; the small ones (DeltaNet's b/a heads, the shared-expert gate), the
+    router and the stacked experts stay bf16. The layers run one by one (no fused stack: the per-sequence
+    state is not in it)."""
     for layer in model.layers:
         for parent in list(layer.modules()):
             for name, child in list(parent.named_children()):
