@@ -72,8 +72,11 @@ def test_rollback_is_bitwise_the_state_of_the_accepted_rows(hybrid_root):
             assert not spec.states.rec                       # short conv: no recurrence to keep
 
 
-def test_speculative_equals_plain_and_the_cache_free_loop(hybrid_root):
-    target, drafter = hm.load_pair(hybrid_root, "dspark", arch="lfm2")
+@pytest.mark.parametrize("quantization", ["none", "int4"])
+def test_speculative_equals_plain_and_the_cache_free_loop(hybrid_root, quantization):
+    from blockdraft.loading import load_drafter
+    target = load_target(hm.checkpoint(str(hybrid_root), arch="lfm2"), dtype="bfloat16", quantization=quantization)
+    drafter = load_drafter(hm.trained_drafter_dir(str(hybrid_root), "dspark", False, "lfm2"), target)
     prompts = hm.prompts(8, seed=21, low=3, high=40)
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     config = EngineConfig(max_batch=8, cache_budget_bytes=4 << 20, max_model_len=128, adaptive_speculation=False)
