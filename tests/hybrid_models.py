@@ -66,12 +66,30 @@ def hf_model(moe: bool = False, multimodal: bool = False, seed: int = 0):
                 p.normal_(0.0, 0.06)                      # mixers and MLPs nudge the residual stream
             else:
                 p.normal_(0.0, 0.15)
-        # the LM head is a permutation of the embedding: greedy text is a noisy bigram chain, which a
-        # drafter can partly learn (acceptance lengths > 1 mean something)
-        embed = model.get_input_embeddings().weight
-        perm = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed + 7))
-        model.lm_head.weight.copy_(embed[perm] * 2.0)
+        bigram_head(model, seed)
     return model
+
+
+def bigram_head(model, seed: int) -> None:
+    """The LM head becomes a permutation of the embedding: greedy text is a noisy bigram chain, which a
+    drafter can partly learn (acceptance lengths > 1 mean something)."""
+    embed = model.get_input_embeddings().weight
+    perm = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed + 7))
+    model.lm_head.weight.copy_(embed[perm] * 2.0)
+
+
+@torch.inference_mode()
+def greedy_with_cache(model, prompt: torch.Tensor, new_tokens: int) -> list[int]:
+    """Greedy decoding through blockdraft's contiguous cache: the prompt in one pass, then one row a step."""
+    cache = model.new_cache(1, prompt.shape[1] + new_tokens + 1)
+    tokens = prompt[0].tolist()
+    out = model(prompt, cache)
+    cache.truncate(prompt.shape[1])
+    for _ in range(new_tokens):
+        tokens.append(int(out.logits[0, -1].argmax()))
+        out = model(torch.tensor([[tokens[-1]]]), cache)
+        cache.truncate(len(tokens))
+    return tokens
 
 
 def lfm2_model(seed: int = 0):
@@ -94,9 +112,7 @@ def lfm2_model(seed: int = 0):
                 p.normal_(0.0, 0.06)
             else:
                 p.normal_(0.0, 0.15)
-        embed = model.get_input_embeddings().weight
-        perm = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed + 7))
-        model.lm_head.weight.copy_(embed[perm] * 2.0)
+        bigram_head(model, seed)
     return model
 
 

@@ -25,16 +25,7 @@ def test_logits_and_greedy_match_transformers(hybrid_root):
         generated = hf.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
         ref = hf(generated).logits
     assert (ours.logits(generated) - ref).abs().max().item() <= 1e-4
-    cache = ours.new_cache(1, 64)
-    tokens = prompt[0].tolist()
-    with torch.inference_mode():
-        out = ours(prompt, cache)
-        cache.truncate(prompt.shape[1])
-        for _ in range(20):
-            tokens.append(int(out.logits[0, -1].argmax()))
-            out = ours(torch.tensor([[tokens[-1]]]), cache)
-            cache.truncate(len(tokens))
-    assert tokens == generated[0].tolist()
+    assert hm.greedy_with_cache(ours, prompt, 20) == generated[0].tolist()
 
 
 def test_tied_embeddings_and_the_published_defaults_load(tmp_path):

@@ -35,16 +35,7 @@ def test_logits_and_greedy_match_transformers(hybrid_root, moe, multimodal):
     got = ours.logits(generated)
     assert (got - ref).abs().max().item() <= 1e-4
     # greedy decoding with our cache (prefill, then one row a step) gives transformers' tokens
-    cache = ours.new_cache(1, 64)
-    tokens = prompt[0].tolist()
-    with torch.inference_mode():
-        out = ours(prompt, cache)
-        cache.truncate(prompt.shape[1])
-        for _ in range(20):
-            tokens.append(int(out.logits[0, -1].argmax()))
-            out = ours(torch.tensor([[tokens[-1]]]), cache)
-            cache.truncate(len(tokens))
-    assert tokens == generated[0].tolist()
+    assert hm.greedy_with_cache(ours, prompt, 20) == generated[0].tolist()
     if multimodal:
         assert ours.skipped_tensors.get("model.visual.*", 0) > 0
 
