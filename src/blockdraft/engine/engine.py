@@ -131,10 +131,8 @@ class LLMEngine:
                                           state_bytes)
         n, bs = self.plan.num_blocks, self.plan.page_size
         self.blocks = BlockManager(n, bs, prefix_caching)
-        if runner is not None:
-            self.runner = runner(self.plan)
-        else:
-            self.runner = self._torch_runner(target, drafter, full_layers, ring_layers, window)
+        self.runner: StepRunner = (runner(self.plan) if runner is not None
+                                   else self._torch_runner(target, drafter, full_layers, ring_layers, window))
         self.policy = DraftWidthPolicy(self.lookahead, self.config.adaptive_speculation)
         self.threads = ThreadChoice(enabled=self.config.adaptive_threads and runner is None
                                     and target.device.type == "cpu")
