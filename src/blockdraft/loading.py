@@ -58,8 +58,8 @@ SKIPPED_TARGET_PREFIXES = ("model.visual.", "visual.", "mtp.", "model.mtp.")
 _EXPERT = re.compile(r"^(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
-def _target_names(tensors: dict[str, torch.Tensor], cfg: TargetConfig | None = None
-                  ) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+def _target_names(tensors: dict[str, torch.Tensor],
+                  cfg: TargetConfig) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
     """HF names (`model.layers.0...`, `model.language_model.layers.0...`, `lm_head.weight`) -> module
     names; drop rotary buffers; set aside (and count) the vision tower and MTP tensors; stack per-expert
     MoE weights into transformers' packed `experts.gate_up_proj` / `experts.down_proj`."""
@@ -76,9 +76,9 @@ def _target_names(tensors: dict[str, torch.Tensor], cfg: TargetConfig | None = N
                 name = name[len(p):]
                 break
         out[name] = t
-    if cfg is not None and cfg.moe is not None:
+    if cfg.moe is not None:
         out = _pack_experts(out, cfg.moe.num_experts)
-    if cfg is not None and cfg.architecture == "lfm2":
+    if cfg.architecture == "lfm2":
         out = {_lfm2_name(n): t for n, t in out.items()}
     return out, skipped
 

@@ -17,7 +17,8 @@ import hybrid_models as hm
 from blockdraft.cache.state import RecurrentStatePool
 from blockdraft.errors import CheckpointError, ConfigError
 from blockdraft.layers import cpu_kernels
-from blockdraft.layers.deltanet import delta_rule, lanewise
+from blockdraft.layers.deltanet import delta_rule
+from blockdraft.layers.elementwise import lanewise
 from blockdraft.loading import load_drafter, load_target
 
 LAYOUTS = [(False, False), (False, True), (True, False), (True, True)]

@@ -5,9 +5,8 @@ same per-token recurrence, so a state reached by any of them is bitwise the stat
 reaches (no chunked form whose rounding would depend on how rows are grouped). Each (sequence,
 head) is computed on its own, so a row's result does not depend on the batch beside it.
 
-PyTorch computes a transcendental elementwise op (exp, softplus, sigmoid, SiLU) with a vector
-routine over whole vectors and a scalar one over the tail, which round differently: the same value
-would get other bits at another row or batch count. `lanewise` runs them on whole vectors only.
+Transcendental elementwise ops (exp, softplus, sigmoid, SiLU) run through `elementwise.lanewise`, so a
+value gets the same bits at any row or batch count.
 
 Shapes: conv inputs `[b, rows, conv_dim]`; q, k `[b, rows, H, d_k]`, v `[b, rows, H, d_v]`, g and
 beta `[b, rows, H]`, all fp32; the recurrent state `[b, H, d_k, d_v]` fp32.
@@ -19,21 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from . import cpu_kernels as kernels
-
-LANES = 64           # a multiple of every ISA's vector width, twice over (torch's loops step two vectors)
-SLICE = 16384        # elements per call: below torch's parallel grain, so no thread boundary cuts a vector
-
-
-def lanewise(fn, x: torch.Tensor) -> torch.Tensor:
-    """fn(x) for an elementwise fn, computed so that every element takes the same (vector) path
-    whatever the tensor's shape: flattened, padded to whole LANES, in calls of at most SLICE."""
-    flat = x.reshape(-1)
-    n = flat.numel()
-    if n % LANES:
-        flat = F.pad(flat, (0, LANES - n % LANES))
-    out = fn(flat) if flat.numel() <= SLICE else torch.cat([fn(c) for c in flat.split(SLICE)])
-    return out[:n].view(x.shape)
-
+from .elementwise import lanewise
 
 def causal_conv(window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 silu: bool = True) -> torch.Tensor:

@@ -7,6 +7,13 @@ from . import cpu_kernels as kernels
 from .direct import DirectCall
 
 
+def rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) in fp32; the mean as sum then divide: what the CPU's own `mean` computes,
+    in fewer dispatches (same bits). The gain and the cast back are each norm's own."""
+    x32 = x.float()
+    return x32 * torch.rsqrt(x32.pow(2).sum(-1, keepdim=True).div_(x.shape[-1]).add_(eps))
+
+
 class RMSNorm(DirectCall):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -17,7 +24,4 @@ class RMSNorm(DirectCall):
         fused = kernels.rms_norm(x, self.weight, self.eps)          # bf16 inference on the CPU: one call
         if fused is not None:
             return fused
-        x32 = x.float()
-        # the mean as sum then divide: what the CPU's own `mean` computes, in fewer dispatches (same bits)
-        variance = x32.pow(2).sum(-1, keepdim=True).div_(x.shape[-1]).add_(self.eps)
-        return self.weight * (x32 * torch.rsqrt(variance)).to(x.dtype)
+        return self.weight * rms_normalized(x, self.eps).to(x.dtype)

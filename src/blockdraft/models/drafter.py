@@ -24,7 +24,8 @@ from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary, apply_rope
 from ..layers.vocab import FULL
 from .kv_cache import KVCache
-from .target import MLP, TargetModel
+from ..layers.mlp import MLP
+from .target import TargetModel
 
 
 class InjectedAttention(nn.Module):

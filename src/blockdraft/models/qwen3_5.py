@@ -14,11 +14,13 @@ from torch.nn import functional as F
 
 from ..cache.state import LayerRecord
 from ..config import TargetConfig
-from ..layers import cpu_kernels as kernels
 from ..layers.attention import attend
-from ..layers.deltanet import causal_conv, delta_rule, l2_normalize, lanewise
+from ..layers.deltanet import causal_conv, delta_rule, l2_normalize
+from ..layers.elementwise import lanewise
 from ..layers.direct import DirectCall
 from ..layers.linear import StableLinear, stable_linear
+from ..layers.mlp import MLP
+from ..layers.norm import rms_normalized
 from ..layers.rope import apply_rope
 
 
@@ -31,9 +33,7 @@ class OffsetRMSNorm(DirectCall):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        variance = x32.pow(2).sum(-1, keepdim=True).div_(x.shape[-1]).add_(self.eps)
-        return (x32 * torch.rsqrt(variance) * (1.0 + self.weight.float())).to(x.dtype)
+        return (rms_normalized(x, self.eps) * (1.0 + self.weight.float())).to(x.dtype)
 
 
 class GatedRMSNorm(DirectCall):
@@ -45,9 +45,7 @@ class GatedRMSNorm(DirectCall):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        variance = x32.pow(2).sum(-1, keepdim=True).div_(x.shape[-1]).add_(self.eps)
-        normed = self.weight * (x32 * torch.rsqrt(variance)).to(x.dtype)
+        normed = self.weight * rms_normalized(x, self.eps).to(x.dtype)
         return (normed * lanewise(F.silu, gate.float())).to(x.dtype)
 
 
@@ -81,7 +79,8 @@ class GatedDeltaNet(DirectCall):
         k = l2_normalize(k.reshape(b, t, d.num_k_heads, d.k_dim)).repeat_interleave(rep, dim=2)
         v = v.reshape(b, t, d.num_v_heads, d.v_dim)
         beta = lanewise(torch.sigmoid, self.in_proj_b(x)).float()               # [b, t, H]
-        g = -lanewise(torch.exp, self.A_log.float()) * lanewise(F.softplus, self.in_proj_a(x).float() + self.dt_bias.float())
+        a = self.in_proj_a(x).float() + self.dt_bias.float()
+        g = -lanewise(torch.exp, self.A_log.float()) * lanewise(F.softplus, a)                # [b, t, H] log decay
         out, final, per_row = delta_rule(rec, q, k, v, g, beta, state.valid, state.keep_states)
         state.record(layer, LayerRecord(mixed, q, k, v, g, beta, final, per_row))
         z = self.in_proj_z(x).reshape(b, t, d.num_v_heads, d.v_dim)
@@ -123,19 +122,6 @@ class GatedAttention(DirectCall):
         return self.o_proj(out * lanewise(torch.sigmoid, gate.reshape(b, t, h * d)))
 
 
-class DenseMLP(DirectCall):
-    def __init__(self, hidden: int, intermediate: int):
-        super().__init__()
-        self.gate_proj = StableLinear(hidden, intermediate, bias=False)
-        self.up_proj = StableLinear(hidden, intermediate, bias=False)
-        self.down_proj = StableLinear(intermediate, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_proj(x), self.up_proj(x)
-        act = kernels.swiglu(gate, up)
-        return self.down_proj(lanewise(F.silu, gate) * up if act is None else act)
-
-
 class Router(nn.Module):
     def __init__(self, hidden: int, num_experts: int):
         super().__init__()
@@ -162,7 +148,7 @@ class SparseMoe(DirectCall):
         self.top_k, self.num_experts = m.top_k, m.num_experts
         self.gate = Router(cfg.hidden_size, m.num_experts)
         self.experts = Experts(cfg.hidden_size, m.expert_intermediate_size, m.num_experts)
-        self.shared_expert = DenseMLP(cfg.hidden_size, m.shared_intermediate_size)
+        self.shared_expert = MLP(cfg.hidden_size, m.shared_intermediate_size)
         self.shared_expert_gate = StableLinear(cfg.hidden_size, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -190,7 +176,7 @@ class HybridDecoderLayer(DirectCall):
             self.linear_attn = GatedDeltaNet(cfg)
         else:
             self.self_attn = GatedAttention(cfg)
-        self.mlp = SparseMoe(cfg) if cfg.moe is not None else DenseMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = SparseMoe(cfg) if cfg.moe is not None else MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from ..cache.state import RecurrentStatePool
 from ..config import Taps, TargetConfig
@@ -24,6 +23,7 @@ from ..layers import cpu_kernels as kernels
 from ..layers.attention import attend
 from ..layers.direct import DirectCall
 from ..layers.linear import StableLinear
+from ..layers.mlp import MLP
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary, apply_rope
 from .kv_cache import KVCache
@@ -66,25 +66,6 @@ class TargetAttention(DirectCall):
         q, k, v = self._rotated(x, cos, sin)
         k, v = step.kv(layer, k, v)
         return self.o_proj(attend(q, k, v, step.visible, self.head_dim ** -0.5))
-
-
-class MLP(DirectCall):
-    """SwiGLU feed-forward (Llama, Qwen3 and the drafters share it)."""
-
-    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
-        super().__init__()
-        self.gate_proj = StableLinear(hidden, intermediate, bias=bias)
-        self.up_proj = StableLinear(hidden, intermediate, bias=bias)
-        self.down_proj = StableLinear(intermediate, hidden, bias=bias)
-        self.gate_up_proj = None      # gate and up in one matmul when `layers/quant.py` fuses them
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_proj is None:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        else:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        act = kernels.swiglu(gate, up)          # bf16 CPU inference: the fused layers' SiLU (same bits)
-        return self.down_proj(F.silu(gate) * up if act is None else act)
 
 
 class DecoderLayer(DirectCall):
