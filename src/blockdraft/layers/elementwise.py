@@ -16,7 +16,10 @@ SLICE = 16384        # elements per call: below torch's parallel grain, so no th
 
 def lanewise(fn, x: torch.Tensor) -> torch.Tensor:
     """fn(x) for an elementwise fn, computed so that every element takes the same (vector) path
-    whatever the tensor's shape: flattened, padded to whole LANES, in calls of at most SLICE."""
+    whatever the tensor's shape: flattened, padded to whole LANES, in calls of at most SLICE. Under
+    tracing (the ONNX export) shapes are symbolic and the graph's runtime computes the op: one call."""
+    if torch.jit.is_tracing():
+        return fn(x)
     flat = x.reshape(-1)
     n = flat.numel()
     if n % LANES:
