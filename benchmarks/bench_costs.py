@@ -1,17 +1,19 @@
 """Step cost per row count, per numerics, in one run: what the draft-width policy trades off.
 
-    python benchmarks/bench_costs.py [--context 300] [--repeats 7] [--threads 1] [--models smollm2,qwen3.5]
+    python benchmarks/bench_costs.py [--context 300] [--repeats 7] [--threads 1] [--models smollm2,qwen3.5,lfm2,lfm2-moe]
 
 Target: one SmolLM2 pass over R new rows (R = 1, 2, 4, 8, 9, 16) after a `--context`-token
 prefill, in bf16 with the row-invariant kernels (what ships), bf16 with plain SDPA/F.linear
 (not row-invariant: for comparison), fp32, and weight-only int8 / int4 (bf16 activations).
 Drafter: one block pass of each shipped drafter (context already written) in bf16 and in int4 (its
 target's numerics: what the default command runs), logits over the first R rows.
-Hybrid: a random Qwen3.5-shaped target (`QWEN3_5_SHAPE`: 18 Gated DeltaNet + 6 gated-attention
-layers) in bf16 and int4, one pass over R rows plus the state commit, once keeping every row and once keeping
-half of them (the DeltaNet state replayed over the kept rows: a rejection's rollback).
+Family-shaped targets (`shaped_configs`: random Qwen3.5, LFM2 and LFM2-MoE shapes) in bf16 and int4: one pass
+over R rows plus the state commit, once keeping every row and once keeping half of them (a rejection's
+rollback: the DeltaNet state replayed over the kept rows, the conv state gathered). For the MoE shape the
+R rows read up to R x top-k distinct experts: what verifying a block costs there.
 Medians of `--repeats`; every configuration is timed in the same process, interleaved by repeat.
-Writes benchmarks/results/costs.json and docs/costs.png (`--models qwen3.5` alone: costs_qwen3_5.*).
+Writes benchmarks/results/costs.json and docs/costs.png (family shapes alone: costs_<families>.*, e.g.
+`--models qwen3.5` -> costs_qwen3_5.*).
 """
 
 from __future__ import annotations
@@ -27,19 +29,43 @@ from torch.nn import functional as F
 
 from results_io import new_figure, save_figure, write_results
 ROWS = (1, 2, 4, 8, 9, 16)
-# A random model with Qwen3.5's layer pattern and head geometry at a small width (no checkpoint ships).
-QWEN3_5_SHAPE = dict(vocab_size=32000, hidden_size=1024, intermediate_size=3584, num_layers=24, num_heads=8,
-                     num_kv_heads=2, head_dim=256, max_position_embeddings=4096)
 
 
-def qwen3_5_shaped():
-    from blockdraft.config import DeltaNetConfig, TargetConfig
+def _layer_types(n: int, full_every: int, state: str, full_at: tuple[int, ...] = ()) -> tuple[str, ...]:
+    return tuple("full_attention" if (i + 1) % full_every == 0 or i in full_at else state for i in range(n))
+
+
+def shaped_configs() -> dict:
+    """Random models with a published family's layer pattern and head geometry (no checkpoint ships):
+    Qwen3.5 at a small width (18 Gated DeltaNet + 6 gated-attention layers); LFM2-1.2B as published
+    (10 short-conv + 6 attention layers); LFM2-8B-A1B's MoE (32 experts, top-4, sigmoid router, 2 dense
+    layers) at half its width and depth, so that it fits beside the others in memory."""
+    from blockdraft.config import DeltaNetConfig, MoeConfig, ShortConvConfig, TargetConfig
+    lfm2_full = (2, 5, 8, 10, 12, 14)
+    return {
+        "qwen3.5": TargetConfig(
+            architecture="qwen3_5", vocab_size=32000, hidden_size=1024, intermediate_size=3584, num_layers=24,
+            num_heads=8, num_kv_heads=2, head_dim=256, max_position_embeddings=4096, qk_norm=True,
+            layer_types=_layer_types(24, 4, "linear_attention"),
+            deltanet=DeltaNetConfig(num_k_heads=16, num_v_heads=16, k_dim=128, v_dim=128, conv_kernel=4),
+            partial_rotary_factor=0.25, attn_output_gate=True, norm_offset=True),
+        "lfm2": TargetConfig(
+            architecture="lfm2", vocab_size=65536, hidden_size=2048, intermediate_size=8192, num_layers=16,
+            num_heads=32, num_kv_heads=8, head_dim=64, max_position_embeddings=4096, qk_norm=True,
+            tie_word_embeddings=True, layer_types=_layer_types(16, 10 ** 6, "short_conv", lfm2_full),
+            short_conv=ShortConvConfig(conv_dim=2048, conv_kernel=3)),
+        "lfm2-moe": TargetConfig(
+            architecture="lfm2_moe", vocab_size=65536, hidden_size=1024, intermediate_size=3584, num_layers=12,
+            num_heads=16, num_kv_heads=4, head_dim=64, max_position_embeddings=4096, qk_norm=True,
+            tie_word_embeddings=True, layer_types=_layer_types(12, 10 ** 6, "short_conv", (2, 5, 8, 10)),
+            short_conv=ShortConvConfig(conv_dim=1024, conv_kernel=3),
+            moe=MoeConfig(num_experts=32, top_k=4, expert_intermediate_size=896, router="sigmoid",
+                          expert_bias=True, dense_layers=2)),
+    }
+
+
+def shaped(cfg):
     from blockdraft.models.target import TargetModel
-    cfg = TargetConfig(architecture="qwen3_5", **QWEN3_5_SHAPE, qk_norm=True,
-                       layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention"
-                                         for i in range(QWEN3_5_SHAPE["num_layers"])),
-                       deltanet=DeltaNetConfig(num_k_heads=16, num_v_heads=16, k_dim=128, v_dim=128, conv_kernel=4),
-                       partial_rotary_factor=0.25, attn_output_gate=True, norm_offset=True)
     torch.manual_seed(0)
     with torch.device("meta"):
         model = TargetModel(cfg)
@@ -47,18 +73,23 @@ def qwen3_5_shaped():
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.02)
+        for name, b in model.named_buffers():
+            if name.endswith("expert_bias"):
+                b.zero_()
+    model.tie_weights()
     return model.to(torch.bfloat16).eval().requires_grad_(False)
 
 
 def hybrid_step(t, cache, ids: torch.Tensor, context: int, keep: int) -> float:
     """Time one pass over ids plus the commit of `keep` rows; then put the state and length back."""
     pool = cache.states
-    saved = [x.clone() for i in pool.layers for x in (pool.conv[i], pool.rec[i])]
+    state = [*pool.conv.values(), *pool.rec.values()]
+    saved = [x.clone() for x in state]
     t0 = time.perf_counter()
     t(ids, cache)
     cache.truncate(context + keep)
     spent = time.perf_counter() - t0
-    for x, y in zip([x for i in pool.layers for x in (pool.conv[i], pool.rec[i])], saved):
+    for x, y in zip(state, saved):
         x.copy_(y)
     cache.length = context
     return spent
@@ -69,8 +100,8 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--models", default="smollm2,qwen3.5", help="smollm2 (every numerics, drafters), qwen3.5 "
-                    "(the hybrid-shaped target)")
+    ap.add_argument("--models", default="smollm2,qwen3.5", help="smollm2 (every numerics, drafters), and the "
+                    "family-shaped random targets: qwen3.5, lfm2, lfm2-moe")
     args = ap.parse_args()
     models = set(args.models.split(","))
     torch.set_num_threads(args.threads)
@@ -98,11 +129,13 @@ def main() -> int:
         for scheme in ("int8", "int4"):      # weight-only, bf16 activations, row-invariant kernels
             targets[f"{scheme} weight-only"] = (load_target(smollm2_dir(), "bfloat16", scheme), True)
     hybrid = {}
-    if "qwen3.5" in models:
-        from blockdraft.layers.quant import quantize_target
-        for numerics, h in (("bf16", qwen3_5_shaped()), ("int4", quantize_target(qwen3_5_shaped(), "int4"))):
-            for kept in ("all rows kept", "half kept (replay)"):
-                hybrid[f"qwen3.5-shaped {numerics}, {kept}"] = (h, h.new_cache(1, args.context + 32))
+    from blockdraft.layers.quant import quantize_target
+    for family, cfg in shaped_configs().items():
+        if family not in models:
+            continue
+        for numerics, h in (("bf16", shaped(cfg)), ("int4", quantize_target(shaped(cfg), "int4"))):
+            for kept in ("all rows kept", "half kept (rollback)"):
+                hybrid[f"{family}-shaped {numerics}, {kept}"] = (h, h.new_cache(1, args.context + 32))
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 49152, (1, args.context), generator=g)
     caches = {}
@@ -153,14 +186,16 @@ def main() -> int:
               "cpu_native_bf16": native_bf16(), "amx": "amx_bf16" in cpu_flags(),
               "ms": {n: {r: 1e3 * statistics.median(v) for r, v in per.items()} for n, per in times.items()}}
     report["ratio_vs_1_row"] = {n: {r: v / per[1] for r, v in per.items()} for n, per in report["ms"].items()}
-    name = "costs" if "smollm2" in models else "costs_qwen3_5"     # the hybrid alone: its own files
+    # the family-shaped targets alone get their own files: costs_qwen3_5, costs_lfm2_lfm2_moe, ...
+    name = "costs" if "smollm2" in models else "costs_" + "_".join(
+        m.replace(".", "_").replace("-", "_") for m in args.models.split(","))
     write_results(name, report)
     print(json.dumps(report["ms"], indent=1))
     if made := new_figure(figsize=(7, 3.8)):
         fig, ax = made
-        for name, per in report["ms"].items():
-            ax.plot(list(per), list(per.values()), marker="o",
-                    label=name if name in targets or name in hybrid else f"drafter {name} (block, logits rows)")
+        for series, per in report["ms"].items():
+            ax.plot(list(per), list(per.values()), marker="o", label=series if series in targets or series in hybrid
+                    else f"drafter {series} (block, logits rows)")
         ax.set_xlabel("rows in the pass")
         ax.set_ylabel("ms (median)")
         ax.set_title(f"step cost, context {args.context}, {args.threads} thread(s)")

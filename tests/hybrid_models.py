@@ -1,5 +1,5 @@
 """Tiny random targets with per-sequence state — Qwen3.5 (dense and MoE, text-only and multimodal layouts)
-and LFM2 — built with transformers 5.15 and saved with `save_pretrained`, as a user's checkpoint would be;
+and LFM2 (dense and MoE) — built with transformers 5.15 and saved with `save_pretrained`, as a user's checkpoint would be;
 and drafters for them."""
 
 from __future__ import annotations
@@ -92,26 +92,38 @@ def greedy_with_cache(model, prompt: torch.Tensor, new_tokens: int) -> list[int]
     return tokens
 
 
-def lfm2_model(seed: int = 0):
-    """A random transformers LFM2 (short conv, attention, conv, attention), scaled as `hf_model`."""
+def lfm2_model(seed: int = 0, moe: bool = False):
+    """A random transformers LFM2 (short conv, attention, conv, attention), scaled as `hf_model`; with
+    `moe`, LFM2-MoE: the first layer dense, the others sigmoid-routed experts with a random expert bias
+    and a routed scaling factor."""
     import transformers as tf
     torch.manual_seed(seed)
-    config = tf.Lfm2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=192, num_hidden_layers=LAYERS,
-                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                           full_attn_idxs=[1, 3], conv_L_cache=3, block_multiple_of=32, tie_word_embeddings=False,
-                           eos_token_id=VOCAB - 2, bos_token_id=1, pad_token_id=0)
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=LAYERS, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, conv_L_cache=3, tie_word_embeddings=False,
+                  eos_token_id=VOCAB - 2, bos_token_id=1, pad_token_id=0)
+    if moe:
+        config = tf.Lfm2MoeConfig(**common, intermediate_size=96, moe_intermediate_size=32, num_dense_layers=1,
+                                  num_experts=6, num_experts_per_tok=2, routed_scaling_factor=1.5,
+                                  layer_types=["conv", "full_attention", "conv", "full_attention"])
+    else:
+        config = tf.Lfm2Config(**common, intermediate_size=192, full_attn_idxs=[1, 3], block_multiple_of=32)
     config._attn_implementation = "eager"
-    model = tf.Lfm2ForCausalLM(config).eval()
+    model = (tf.Lfm2MoeForCausalLM if moe else tf.Lfm2ForCausalLM)(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.normal_(1.0, 0.2)
             elif name.endswith("embed_tokens.weight"):
                 p.normal_(0.0, 1.0)
-            elif name.endswith(("out_proj.weight", "w2.weight")):
+            elif name.endswith("feed_forward.gate.weight"):
+                p.normal_(0.0, 0.5)
+            elif name.endswith(("out_proj.weight", "w2.weight", "down_proj")):
                 p.normal_(0.0, 0.06)
             else:
                 p.normal_(0.0, 0.15)
+        for name, b in model.named_buffers():
+            if name.endswith("expert_bias"):
+                b.normal_(0.0, 0.3)
         bigram_head(model, seed)
     return model
 
@@ -119,10 +131,9 @@ def lfm2_model(seed: int = 0):
 @lru_cache(maxsize=None)
 def checkpoint(root: str, moe: bool = False, multimodal: bool = False, arch: str = "qwen3_5") -> Path:
     """Saved once per test session under `root`."""
-    path = Path(root) / (f"qwen3_5{'_moe' if moe else ''}{'_mm' if multimodal else ''}" if arch == "qwen3_5"
-                         else arch)
+    path = Path(root) / f"{arch}{'_moe' if moe else ''}{'_mm' if multimodal else ''}"
     if not (path / "config.json").is_file():
-        (hf_model(moe, multimodal) if arch == "qwen3_5" else lfm2_model()).save_pretrained(path)
+        (hf_model(moe, multimodal) if arch == "qwen3_5" else lfm2_model(moe=moe)).save_pretrained(path)
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(TOKENIZER / name, path / name)
     return path

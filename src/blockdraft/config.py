@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from .errors import ConfigError
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe", "lfm2")
+ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe")
 TARGET_LAYER_TYPES = ("full_attention", "linear_attention", "short_conv")
 STATE_LAYER_TYPES = ("linear_attention", "short_conv")
 DRAFTER_KINDS = ("dflash", "dflash2", "dspark")
@@ -100,27 +100,43 @@ class ShortConvConfig:
         _positive("conv_L_cache", self.conv_kernel)
 
 
+MOE_ROUTERS = ("softmax", "sigmoid")
+
+
 @dataclass(frozen=True)
 class MoeConfig:
-    """A sparse MoE feed-forward (Qwen3.5-MoE): softmax router over all experts, top-k renormalised,
-    plus a sigmoid-gated shared expert."""
+    """A sparse MoE feed-forward. Routers: "softmax" (Qwen3.5-MoE: softmax over all experts, top-k,
+    renormalised) or "sigmoid" (LFM2-MoE: sigmoid scores, top-k chosen on score + a per-expert bias,
+    the chosen scores renormalised). The top-k weights are then scaled by `routed_scaling`. A shared
+    expert (sigmoid-gated, Qwen3.5) where `shared_intermediate_size` > 0; the first `dense_layers`
+    layers run a dense MLP instead (LFM2-MoE's `num_dense_layers`)."""
 
     num_experts: int
     top_k: int
     expert_intermediate_size: int
-    shared_intermediate_size: int
+    shared_intermediate_size: int = 0
+    router: str = "softmax"
+    norm_topk: bool = True
+    routed_scaling: float = 1.0
+    expert_bias: bool = False
+    dense_layers: int = 0
 
     def __post_init__(self):
-        for name in ("num_experts", "top_k", "expert_intermediate_size", "shared_intermediate_size"):
+        for name in ("num_experts", "top_k", "expert_intermediate_size", "routed_scaling"):
             _positive(name, getattr(self, name))
         if self.top_k > self.num_experts:
             raise ConfigError(f"num_experts_per_tok={self.top_k} exceeds num_experts={self.num_experts}")
+        if self.router not in MOE_ROUTERS:
+            raise ConfigError(f"MoE router {self.router!r} is not supported (supported: {MOE_ROUTERS})")
+        for name in ("shared_intermediate_size", "dense_layers"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True)
 class TargetConfig(DecoderDims):
-    """A decoder-only target: Llama, Qwen3, or Qwen3.5 (hybrid Gated DeltaNet + gated attention,
-    dense or MoE)."""
+    """A decoder-only target: Llama, Qwen3, Qwen3.5 (hybrid Gated DeltaNet + gated attention, dense or
+    MoE), or LFM2 (short conv + attention, dense or MoE)."""
 
     architecture: str
     rms_norm_eps: float = 1e-6
@@ -161,6 +177,8 @@ class TargetConfig(DecoderDims):
             raise ConfigError(f"partial_rotary_factor={self.partial_rotary_factor} with head_dim={self.head_dim} "
                               "must give an even rotary width in (0, head_dim]")
         _positive("max_position_embeddings", self.max_position_embeddings)
+        if self.moe is not None and self.moe.dense_layers > self.num_layers:
+            raise ConfigError(f"num_dense_layers={self.moe.dense_layers} exceeds num_hidden_layers={self.num_layers}")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_attention_heads={self.num_heads} is not divisible by "
                               f"num_key_value_heads={self.num_kv_heads}")
@@ -182,6 +200,10 @@ class TargetConfig(DecoderDims):
     def state_config(self) -> "DeltaNetConfig | ShortConvConfig | None":
         """The shapes of the state layers' state (one kind per model)."""
         return self.deltanet if self.deltanet is not None else self.short_conv
+
+    def sparse_layer(self, layer: int) -> bool:
+        """Whether the layer's feed-forward is the MoE block (else a dense MLP)."""
+        return self.moe is not None and layer >= self.moe.dense_layers
 
     @property
     def hybrid(self) -> bool:
@@ -251,6 +273,9 @@ class DrafterConfig(DecoderDims):
     # Markov head's output cover `draft_vocab_size` tokens, mapped to target ids by `d2t`; 0 = the
     # whole vocabulary
     draft_vocab_size: int = 0
+    # RoPE trained on interleaved (GPT-J) pairs; run as NeoX on reordered q/k weights
+    # (`checkpoints/rope_layout.py`)
+    rope_interleaved: bool = False
 
     @property
     def taps(self) -> "Taps":

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from .checkpoints.resolve import canonical_tensor_names, resolve_drafter, resolve_target
+from .checkpoints.rope_layout import reorder_rotated
 from .checkpoints.weights import assign_weights, load_state_dict, read_json, strip_prefix, tensor_names
 from .config import DrafterConfig, TargetConfig
 from .errors import CheckpointError, ConfigError
@@ -55,7 +56,9 @@ def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
 # tensors a published checkpoint carries that the text decoder does not run, by prefix (after the
 # language-model prefix is removed): the vision tower and the multi-token-prediction head
 SKIPPED_TARGET_PREFIXES = ("model.visual.", "visual.", "mtp.", "model.mtp.")
-_EXPERT = re.compile(r"^(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT = re.compile(r"^(layers\.\d+\.(?:mlp|feed_forward)\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)"
+                     r"\.weight$")
+EXPERT_PROJECTIONS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))   # Qwen's spelling, LFM2's
 
 
 def _target_names(tensors: dict[str, torch.Tensor],
@@ -78,14 +81,14 @@ def _target_names(tensors: dict[str, torch.Tensor],
         out[name] = t
     if cfg.moe is not None:
         out = _pack_experts(out, cfg.moe.num_experts)
-    if cfg.architecture == "lfm2":
+    if cfg.architecture.startswith("lfm2"):
         out = {_lfm2_name(n): t for n, t in out.items()}
     return out, skipped
 
 
 LFM2_NAMES = ((".operator_norm.", ".input_layernorm."), (".ffn_norm.", ".post_attention_layernorm."),
-              (".feed_forward.w1.", ".mlp.gate_proj."), (".feed_forward.w3.", ".mlp.up_proj."),
-              (".feed_forward.w2.", ".mlp.down_proj."), (".self_attn.out_proj.", ".self_attn.o_proj."),
+              (".feed_forward.", ".mlp."), (".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj."),
+              (".self_attn.out_proj.", ".self_attn.o_proj."),
               (".self_attn.q_layernorm.", ".self_attn.q_norm."), (".self_attn.k_layernorm.", ".self_attn.k_norm."))
 
 
@@ -99,8 +102,9 @@ def _lfm2_name(name: str) -> str:
 
 
 def _pack_experts(tensors: dict[str, torch.Tensor], num_experts: int) -> dict[str, torch.Tensor]:
-    """`layers.N.mlp.experts.E.{gate,up,down}_proj.weight` (one tensor per expert, as Qwen's MoE
-    checkpoints and transformers' `save_pretrained` write them) -> the stacked [E, ...] tensors."""
+    """`layers.N.mlp.experts.E.{gate,up,down}_proj.weight` (LFM2: `feed_forward.experts.E.{w1,w3,w2}`; one
+    tensor per expert, as the published checkpoints and transformers' `save_pretrained` write them) -> the
+    stacked [E, ...] tensors."""
     per: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
     out = {}
     for name, t in tensors.items():
@@ -110,15 +114,16 @@ def _pack_experts(tensors: dict[str, torch.Tensor], num_experts: int) -> dict[st
         else:
             per.setdefault(m.group(1), {}).setdefault(m.group(3), {})[int(m.group(2))] = t
     for base, parts in per.items():
-        for proj in ("gate_proj", "up_proj", "down_proj"):
+        gate, up, down = next(names for names in EXPERT_PROJECTIONS if set(parts) & set(names))
+        for proj in (gate, up, down):
             have = parts.get(proj, {})
             missing = [e for e in range(num_experts) if e not in have]
             if missing:
                 raise CheckpointError(f"target: missing tensors {base}.{missing[0]}.{proj}.weight "
                                       f"({len(missing)} of {num_experts} experts lack {proj})")
         stack = {p: torch.stack([parts[p][e] for e in range(num_experts)]) for p in parts}
-        out[f"{base}.gate_up_proj"] = torch.cat([stack["gate_proj"], stack["up_proj"]], dim=1)
-        out[f"{base}.down_proj"] = stack["down_proj"]
+        out[f"{base}.gate_up_proj"] = torch.cat([stack[gate], stack[up]], dim=1)
+        out[f"{base}.down_proj"] = stack[down]
     return out
 
 
@@ -177,6 +182,8 @@ def load_drafter(drafter_dir: str | Path, target: TargetModel, mode: str | None 
     if block_size is not None:
         cfg = dataclasses.replace(cfg, block_size=block_size, num_draft_tokens=0)
     check_drafter_fits(cfg, target.config, shapes)
+    if cfg.rope_interleaved:
+        tensors = reorder_rotated(tensors, cfg.head_dim)
     with torch.device("meta"):
         drafter = BlockDrafter(cfg, target)
     assign_weights(drafter, tensors, target.dtype, f"drafter {drafter_dir}")

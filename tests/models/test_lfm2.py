@@ -1,4 +1,4 @@
-"""LFM2 targets (transformers `lfm2`): short-conv layers on the same per-sequence state interface as
+"""LFM2 targets (transformers `lfm2`, `lfm2_moe`): short-conv layers on the same per-sequence state interface as
 Qwen3.5's DeltaNet (`cache/state.py`), against transformers, rolled back bitwise, lossless in the engine."""
 
 import json
@@ -16,10 +16,14 @@ from blockdraft.loading import load_target
 from blockdraft.sampling.params import SamplingParams
 
 
-def test_logits_and_greedy_match_transformers(hybrid_root):
-    hf = hm.lfm2_model()
-    ours = load_target(hm.checkpoint(str(hybrid_root), arch="lfm2"), dtype="float32")
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_logits_and_greedy_match_transformers(hybrid_root, moe):
+    hf = hm.lfm2_model(moe=moe)
+    ours = load_target(hm.checkpoint(str(hybrid_root), moe, arch="lfm2"), dtype="float32")
     assert ours.config.layer_types == ("short_conv", "full_attention", "short_conv", "full_attention")
+    if moe:       # the first layer dense, the rest routed with the checkpoint's (nonzero) expert bias
+        assert [type(layer.mlp).__name__ for layer in ours.layers] == ["MLP"] + ["SparseMoe"] * 3
+        assert ours.layers[2].mlp.expert_bias.abs().min() > 0
     prompt = torch.tensor([[5, 17, 3, 88, 41, 9, 60, 2, 33, 71, 12]])
     with torch.no_grad():
         generated = hf.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -63,11 +67,13 @@ def test_rollback_is_bitwise_the_state_of_the_accepted_rows(hybrid_root):
             assert not spec.states.rec                       # short conv: no recurrence to keep
 
 
-@pytest.mark.parametrize("quantization", ["none", "int4"])
-def test_speculative_equals_plain_and_the_cache_free_loop(hybrid_root, quantization):
+@pytest.mark.parametrize("moe, quantization", [(False, "none"), (False, "int4"), (True, "none")],
+                         ids=["dense-bf16", "dense-int4", "moe-bf16"])
+def test_speculative_equals_plain_and_the_cache_free_loop(hybrid_root, moe, quantization):
     from blockdraft.loading import load_drafter
-    target = load_target(hm.checkpoint(str(hybrid_root), arch="lfm2"), dtype="bfloat16", quantization=quantization)
-    drafter = load_drafter(hm.trained_drafter_dir(str(hybrid_root), "dspark", False, "lfm2"), target)
+    target = load_target(hm.checkpoint(str(hybrid_root), moe, arch="lfm2"), dtype="bfloat16",
+                         quantization=quantization)
+    drafter = load_drafter(hm.trained_drafter_dir(str(hybrid_root), "dspark", moe, "lfm2"), target)
     prompts = hm.prompts(8, seed=21, low=3, high=40)
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     config = EngineConfig(max_batch=8, cache_budget_bytes=4 << 20, max_model_len=128, adaptive_speculation=False)
@@ -81,9 +87,9 @@ def test_speculative_equals_plain_and_the_cache_free_loop(hybrid_root, quantizat
         assert (o.token_ids, o.acceptance_lengths) == (oracle.token_ids, oracle.acceptance_lengths)
 
 
-def _edited(hybrid_root, tmp_path, edit):
+def _edited(hybrid_root, tmp_path, edit, moe=False):
     dst = tmp_path / "bad"
-    shutil.copytree(hm.checkpoint(str(hybrid_root), arch="lfm2"), dst)
+    shutil.copytree(hm.checkpoint(str(hybrid_root), moe, arch="lfm2"), dst)
     cfg = json.loads((dst / "config.json").read_text())
     edit(cfg, dst)
     (dst / "config.json").write_text(json.dumps(cfg))
@@ -102,3 +108,17 @@ def test_malformed_checkpoints_are_named_errors(hybrid_root, tmp_path):
         save_file(tensors, str(d / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"missing tensors \['layers.2.conv.conv.weight'\]"):
         load_target(_edited(hybrid_root, tmp_path / "c", drop))
+
+
+def test_malformed_moe_checkpoints_are_named_errors(hybrid_root, tmp_path):
+    with pytest.raises(ConfigError, match="num_dense_layers=5 exceeds num_hidden_layers=4"):
+        load_target(_edited(hybrid_root, tmp_path / "a", lambda c, d: c.update(num_dense_layers=5), moe=True))
+    with pytest.raises(ConfigError, match="num_experts_per_tok=7 exceeds num_experts=6"):
+        load_target(_edited(hybrid_root, tmp_path / "b", lambda c, d: c.update(num_experts_per_tok=7), moe=True))
+
+    def drop(cfg, d):
+        tensors = load_file(str(d / "model.safetensors"))
+        del tensors["model.layers.3.feed_forward.experts.4.w3.weight"]
+        save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"missing tensors layers.3.feed_forward.experts.4.w3.weight"):
+        load_target(_edited(hybrid_root, tmp_path / "c", drop, moe=True))

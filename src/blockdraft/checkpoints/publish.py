@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..config import DrafterConfig, default_tap_point
+from .rope_layout import reorder_rotated
 from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
 
@@ -75,6 +76,8 @@ def published_config(cfg: DrafterConfig, target: TargetModel) -> dict:
         out["draft_vocab_size"] = cfg.draft_vocab_size
     if cfg.sliding_window is not None:
         out.update(sliding_window=cfg.sliding_window, use_sliding_window=cfg.use_sliding_window)
+    if cfg.rope_interleaved:
+        out["rope_is_neox_style"] = False
     if cfg.kind == "dspark":  # DeepSeek DeepSpec: top-level keys
         out.update(architectures=["Qwen3DSparkModel"], target_layer_ids=list(cfg.target_layer_ids),
                    mask_token_id=cfg.mask_token_id, markov_rank=cfg.markov_rank,
@@ -94,7 +97,10 @@ def save_drafter(drafter: BlockDrafter, target: TargetModel, out_dir: str | Path
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = {}
-    for name, t in drafter.state_dict().items():
+    state = drafter.state_dict()
+    if drafter.config.rope_interleaved:                  # back to the layout the drafter was trained in
+        state = reorder_rotated(state, drafter.config.head_dim, inverse=True)
+    for name, t in state.items():
         key = name[: -len(".weight")] if name[: -len(".weight")] in SUFFIXLESS else name
         tensors[key] = (t.detach().to(torch.bfloat16) if t.is_floating_point() else t.detach()).contiguous()
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})

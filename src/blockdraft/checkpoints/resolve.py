@@ -56,6 +56,7 @@ ARCHITECTURE_KINDS = {
     "DFlash2DraftModel": "dflash2",
     "Qwen3DSparkModel": "dspark",
     "DSparkDraftModel": "dspark",
+    "Lfm2DSparkDraftModel": "dspark",  # LiquidAI
     "DFlashSpeculator": "dflash",     # vLLM speculators
     "DSparkSpeculator": "dspark",
 }
@@ -158,7 +159,8 @@ QWEN3_5_ARCHITECTURES = {
 }
 QWEN3_5_MODEL_TYPES = {"qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5",
                        "qwen3_5_moe": "qwen3_5_moe", "qwen3_5_moe_text": "qwen3_5_moe"}
-SUPPORTED_TARGETS = ("LlamaForCausalLM", "Qwen3ForCausalLM", *QWEN3_5_ARCHITECTURES, "Lfm2ForCausalLM")
+SUPPORTED_TARGETS = ("LlamaForCausalLM", "Qwen3ForCausalLM", *QWEN3_5_ARCHITECTURES, "Lfm2ForCausalLM",
+                     "Lfm2MoeForCausalLM")
 
 
 def _target_architecture(cfg: dict) -> str:
@@ -173,6 +175,8 @@ def _target_architecture(cfg: dict) -> str:
         return "llama"
     if "Lfm2ForCausalLM" in archs or model_type == "lfm2":
         return "lfm2"
+    if "Lfm2MoeForCausalLM" in archs or model_type == "lfm2_moe":
+        return "lfm2_moe"
     if model_type in QWEN3_5_MODEL_TYPES:
         return QWEN3_5_MODEL_TYPES[model_type]
     raise ConfigError(f"target architecture {archs or model_type!r} is not supported "
@@ -183,8 +187,8 @@ def resolve_target(cfg: dict) -> TargetConfig:
     arch = _target_architecture(cfg)
     if arch.startswith("qwen3_5"):
         return _resolve_qwen3_5(cfg, arch)
-    if arch == "lfm2":
-        return _resolve_lfm2(cfg)
+    if arch.startswith("lfm2"):
+        return _resolve_lfm2(cfg, arch)
     if cfg.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"hidden_act={cfg['hidden_act']!r} is not supported (only 'silu')")
     return TargetConfig(
@@ -253,9 +257,11 @@ def _resolve_qwen3_5(outer: dict, arch: str) -> TargetConfig:
 LFM2_LAYER_TYPES = {"conv": "short_conv", "full_attention": "full_attention", "attention": "full_attention"}
 
 
-def _resolve_lfm2(cfg: dict) -> TargetConfig:
-    """transformers' `lfm2`: short-conv layers beside Qwen3-style attention layers (`layer_types`, or
-    `full_attn_idxs`), SwiGLU feed-forward whose width LFM2 derives from `intermediate_size`."""
+def _resolve_lfm2(cfg: dict, arch: str) -> TargetConfig:
+    """transformers' `lfm2` / `lfm2_moe`: short-conv layers beside Qwen3-style attention layers
+    (`layer_types`, or `full_attn_idxs`); a SwiGLU feed-forward whose width LFM2 derives from
+    `intermediate_size` (LFM2-MoE takes it as written, in its first `num_dense_layers` layers, and runs
+    the sigmoid-routed experts in the rest)."""
     layers = int(_require(cfg, "num_hidden_layers", "target"))
     types = cfg.get("layer_types")
     if types is None:
@@ -266,7 +272,16 @@ def _resolve_lfm2(cfg: dict) -> TargetConfig:
         raise ConfigError(f"layer_types must be a list, got {types!r}")
     types = tuple(LFM2_LAYER_TYPES.get(t, t) for t in types)
     inter = int(cfg.get("block_ff_dim", _require(cfg, "intermediate_size", "target")))
-    if cfg.get("block_auto_adjust_ff_dim", True):          # LFM2's own rule (transformers' Lfm2MLP)
+    moe = None
+    if arch == "lfm2_moe":
+        moe = MoeConfig(num_experts=int(_require(cfg, "num_experts", "target")),
+                        top_k=int(_require(cfg, "num_experts_per_tok", "target")),
+                        expert_intermediate_size=int(_require(cfg, "moe_intermediate_size", "target")),
+                        router="sigmoid", norm_topk=bool(cfg.get("norm_topk_prob", True)),
+                        routed_scaling=float(cfg.get("routed_scaling_factor", 1.0)),
+                        expert_bias=bool(cfg.get("use_expert_bias", True)),
+                        dense_layers=int(cfg.get("num_dense_layers", 2)))
+    elif cfg.get("block_auto_adjust_ff_dim", True):          # LFM2's own rule (transformers' Lfm2MLP)
         inter = int(2 * inter / 3)
         multiplier, multiple = cfg.get("block_ffn_dim_multiplier", 1.0), int(cfg.get("block_multiple_of", 256))
         if multiplier is not None:
@@ -274,10 +289,10 @@ def _resolve_lfm2(cfg: dict) -> TargetConfig:
             inter = multiple * ((inter + multiple - 1) // multiple)
     dims = dict(cfg, intermediate_size=inter, rms_norm_eps=cfg.get("norm_eps", cfg.get("rms_norm_eps", 1e-5)))
     return TargetConfig(
-        architecture="lfm2", **_dims(dims, "target"),
+        architecture=arch, **_dims(dims, "target"),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", cfg.get("tie_embedding", True))),
         qk_norm=True, max_position_embeddings=int(cfg.get("max_position_embeddings", 128_000)),
-        bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_eos_ids(cfg), layer_types=types,
+        bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_eos_ids(cfg), layer_types=types, moe=moe,
         short_conv=ShortConvConfig(conv_dim=int(cfg["hidden_size"]), conv_kernel=int(cfg.get("conv_L_cache", 3)),
                                    bias=bool(cfg.get("conv_bias", False))),
     )
@@ -382,7 +397,19 @@ def resolve_drafter(cfg: dict, tensor_shapes: dict[str, tuple[int, ...]], mode: 
         own_lm_head="lm_head.weight" in tensor_shapes,
         tap_point=str(field("tap_point", default_tap_point(kind))),
         draft_vocab_size=_draft_vocab_size(merged, tensor_shapes, dims["vocab_size"]),
+        rope_interleaved=_rope_interleaved(cfg),
     )
+
+
+def _rope_interleaved(cfg: dict) -> bool:
+    """`rope_is_neox_style: false` (LiquidAI's DSpark drafters; SGLang also reads `is_neox_style`)."""
+    values = {k: cfg[k] for k in ("rope_is_neox_style", "is_neox_style") if k in cfg}
+    for key, value in values.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"drafter {key} must be true or false, got {value!r}")
+    if len(set(values.values())) > 1:
+        raise ConfigError(f"drafter config disagrees on the RoPE layout: {values}")
+    return next(iter(values.values()), True) is False
 
 
 def _draft_vocab_size(cfg: dict, shapes: dict, vocab: int) -> int:

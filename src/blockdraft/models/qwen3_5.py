@@ -18,8 +18,8 @@ from ..layers.attention import attend
 from ..layers.deltanet import causal_conv, delta_rule, l2_normalize
 from ..layers.elementwise import lanewise
 from ..layers.direct import DirectCall
-from ..layers.linear import StableLinear, stable_linear
-from ..layers.mlp import MLP
+from ..layers.linear import StableLinear
+from ..layers.moe import feed_forward
 from ..layers.norm import rms_normalized
 from ..layers.rope import apply_rope
 
@@ -122,52 +122,6 @@ class GatedAttention(DirectCall):
         return self.o_proj(out * lanewise(torch.sigmoid, gate.reshape(b, t, h * d)))
 
 
-class Router(nn.Module):
-    def __init__(self, hidden: int, num_experts: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(num_experts, hidden))
-
-
-class Experts(nn.Module):
-    """Expert weights stacked as transformers keeps them: gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
-
-    def __init__(self, hidden: int, intermediate: int, num_experts: int):
-        super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
-
-
-class SparseMoe(DirectCall):
-    """Softmax router over all experts, top-k renormalised (fp32), each token's experts summed in
-    ascending expert order, plus the sigmoid-gated shared expert. Every matmul is row-invariant, and a
-    token's sum depends only on its own experts, so a row's output does not depend on its batch."""
-
-    def __init__(self, cfg: TargetConfig):
-        super().__init__()
-        m = cfg.moe
-        self.top_k, self.num_experts = m.top_k, m.num_experts
-        self.gate = Router(cfg.hidden_size, m.num_experts)
-        self.experts = Experts(cfg.hidden_size, m.expert_intermediate_size, m.num_experts)
-        self.shared_expert = MLP(cfg.hidden_size, m.shared_intermediate_size)
-        self.shared_expert_gate = StableLinear(cfg.hidden_size, 1, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1])                                          # [n, H]
-        logits = stable_linear(flat, self.gate.weight)                           # [n, E]
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        top_p, top_i = torch.topk(probs, self.top_k, dim=-1)                     # [n, k]
-        top_p = (top_p / top_p.sum(dim=-1, keepdim=True)).to(logits.dtype)
-        out = torch.zeros_like(flat)
-        for e in torch.unique(top_i).tolist():                                  # ascending expert ids
-            token, slot = torch.where(top_i == e)
-            gate, up = stable_linear(flat[token], self.experts.gate_up_proj[e]).chunk(2, dim=-1)
-            y = stable_linear(lanewise(F.silu, gate) * up, self.experts.down_proj[e]) * top_p[token, slot, None]
-            out.index_add_(0, token, y.to(out.dtype))
-        shared = lanewise(torch.sigmoid, self.shared_expert_gate(flat)) * self.shared_expert(flat)
-        return (out + shared).view(shape)
-
-
 class HybridDecoderLayer(DirectCall):
     def __init__(self, cfg: TargetConfig, layer: int):
         super().__init__()
@@ -176,7 +130,7 @@ class HybridDecoderLayer(DirectCall):
             self.linear_attn = GatedDeltaNet(cfg)
         else:
             self.self_attn = GatedAttention(cfg)
-        self.mlp = SparseMoe(cfg) if cfg.moe is not None else MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = feed_forward(cfg, layer)
         self.input_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -2,7 +2,8 @@
 
 Qwen3 differs from Llama only by q/k RMSNorm per head (`qk_norm`); everything else
 (GQA, tied embeddings, RoPE scaling) is config. Qwen3.5's hybrid layers (Gated DeltaNet with
-per-sequence state, gated attention, MoE) live in `qwen3_5.py`, LFM2's short-conv layers in `lfm2.py`;
+per-sequence state, gated attention) live in `qwen3_5.py`, LFM2's short-conv layers in `lfm2.py`, the
+MoE feed-forward of either in `layers/moe.py`;
 a step view's `state` carries their per-sequence state. A tap of layer i is the residual stream
 after layer i; for the last layer its value depends on the drafter's tap point
 (`Taps.point`): "hidden_states" (HF `hidden_states[-1]`) is after the final norm,
@@ -23,7 +24,7 @@ from ..layers import cpu_kernels as kernels
 from ..layers.attention import attend
 from ..layers.direct import DirectCall
 from ..layers.linear import StableLinear
-from ..layers.mlp import MLP
+from ..layers.moe import feed_forward
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary, apply_rope
 from .kv_cache import KVCache
@@ -69,10 +70,10 @@ class TargetAttention(DirectCall):
 
 
 class DecoderLayer(DirectCall):
-    def __init__(self, cfg: TargetConfig):
+    def __init__(self, cfg: TargetConfig, layer: int):
         super().__init__()
         self.self_attn = TargetAttention(cfg)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.mlp = feed_forward(cfg, layer)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -96,13 +97,13 @@ class TargetModel(nn.Module):
         if cfg.architecture.startswith("qwen3_5"):
             self.layers = nn.ModuleList(HybridDecoderLayer(cfg, i) for i in range(cfg.num_layers))
             self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        elif cfg.architecture == "lfm2":
+        elif cfg.architecture.startswith("lfm2"):
             self.layers = nn.ModuleList(
-                ShortConvLayer(cfg, MLP(cfg.hidden_size, cfg.intermediate_size)) if cfg.layer_type(i) == "short_conv"
-                else DecoderLayer(cfg) for i in range(cfg.num_layers))
+                ShortConvLayer(cfg, feed_forward(cfg, i)) if cfg.layer_type(i) == "short_conv"
+                else DecoderLayer(cfg, i) for i in range(cfg.num_layers))
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         else:
-            self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+            self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = StableLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg.rope, cfg.rotary_dim)

@@ -1,0 +1,90 @@
+"""Sparse mixture-of-experts feed-forward, one module for every MoE target (Qwen3.5-MoE, LFM2-MoE).
+
+Routing (`MoeConfig.router`):
+- "softmax" (Qwen3.5): p = softmax(logits) over all experts in fp32, the top-k renormalised;
+- "sigmoid" (LFM2): s = sigmoid(logits); the top-k chosen on s + expert_bias, their s renormalised
+  (sum + 1e-6, as transformers' `Lfm2MoeTopKRouter`);
+then × `routed_scaling`. Each token's experts are summed in ascending expert order, plus the
+sigmoid-gated shared expert where there is one. Every matmul is row-invariant and a token's sum depends
+only on its own experts, so a row's output does not depend on its batch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..config import MoeConfig
+from .direct import DirectCall
+from .elementwise import lanewise
+from .linear import StableLinear, stable_linear
+from .mlp import MLP
+
+
+class Router(nn.Module):
+    def __init__(self, hidden: int, num_experts: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_experts, hidden))
+
+
+class Experts(nn.Module):
+    """Expert weights stacked as transformers keeps them: gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
+
+    def __init__(self, hidden: int, intermediate: int, num_experts: int):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+
+
+class SparseMoe(DirectCall):
+    def __init__(self, hidden: int, m: MoeConfig):
+        super().__init__()
+        self.cfg = m
+        self.gate = Router(hidden, m.num_experts)
+        self.experts = Experts(hidden, m.expert_intermediate_size, m.num_experts)
+        if m.expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(m.num_experts))
+        if m.shared_intermediate_size:
+            self.shared_expert = MLP(hidden, m.shared_intermediate_size)
+            self.shared_expert_gate = StableLinear(hidden, 1, bias=False)
+
+    def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """flat [n, H] -> (weights [n, k] in flat's dtype, expert ids [n, k])."""
+        m = self.cfg
+        logits = stable_linear(flat, self.gate.weight)                           # [n, E]
+        if m.router == "softmax":
+            scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
+            weights, ids = torch.topk(scores, m.top_k, dim=-1)
+        else:
+            scores = lanewise(torch.sigmoid, logits.float())
+            choice = scores + self.expert_bias.float() if m.expert_bias else scores
+            ids = torch.topk(choice, m.top_k, dim=-1).indices
+            weights = scores.gather(1, ids)
+        if m.norm_topk:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-6 if m.router == "sigmoid" else 0.0))
+        if m.routed_scaling != 1.0:
+            weights = weights * m.routed_scaling
+        return weights.to(flat.dtype), ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])                                          # [n, H]
+        weights, ids = self.route(flat)                                          # [n, k]
+        out = torch.zeros_like(flat)
+        for e in torch.unique(ids).tolist():                                     # ascending expert ids
+            token, slot = torch.where(ids == e)
+            gate, up = stable_linear(flat[token], self.experts.gate_up_proj[e]).chunk(2, dim=-1)
+            y = stable_linear(lanewise(F.silu, gate) * up, self.experts.down_proj[e]) * weights[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        if self.cfg.shared_intermediate_size:
+            out = out + lanewise(torch.sigmoid, self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        return out.view(shape)
+
+
+def feed_forward(cfg, layer: int) -> nn.Module:
+    """The layer's feed-forward: the MoE block, or a dense SwiGLU MLP (dense targets, and MoE targets'
+    first `dense_layers` layers)."""
+    if cfg.sparse_layer(layer):
+        return SparseMoe(cfg.hidden_size, cfg.moe)
+    return MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
