@@ -18,14 +18,14 @@ from pathlib import Path
 
 import torch
 
-from blockdraft.cache.state import RecurrentStatePool
+from blockdraft.cache.state import StateLayout, StatePool
 from blockdraft.config import DeltaNetConfig
 from blockdraft.layers.deltanet import delta_rule
 from blockdraft.cache.state import LayerRecord
 from blockdraft.numerics import cpu_model
 
 
-def one(pool: RecurrentStatePool, batch: int, rows: int, keep: int, cfg: DeltaNetConfig) -> float:
+def one(pool: StatePool, batch: int, rows: int, keep: int, cfg: DeltaNetConfig) -> float:
     g = torch.Generator().manual_seed(0)
     h, dk, dv = cfg.num_v_heads, cfg.k_dim, cfg.v_dim
     q = torch.randn(batch, rows, h, dk, generator=g) * 0.05
@@ -54,7 +54,8 @@ def main() -> None:
     cfg = DeltaNetConfig(num_k_heads=16, num_v_heads=16, k_dim=128, v_dim=128, conv_kernel=4)
     results = []
     for batch in (int(b) for b in args.batch.split(",")):
-        pools = {mode: RecurrentStatePool([0], batch, cfg, torch.bfloat16, rollback=mode)
+        layout = StateLayout({0: (cfg.conv_kernel - 1, cfg.conv_dim)}, cfg, (0,))
+        pools = {mode: StatePool(layout, batch, torch.bfloat16, rollback=mode)
                  for mode in ("replay", "per_row")}
         times = {mode: [] for mode in pools}
         for _ in range(args.repeats):              # paired by round, alternating order

@@ -1,5 +1,5 @@
 """Tiny random targets with per-sequence state — Qwen3.5 (dense and MoE, text-only and multimodal layouts)
-and LFM2 (dense and MoE) — built with transformers 5.15 and saved with `save_pretrained`, as a user's checkpoint would be;
+LFM2 (dense and MoE) and gpt-oss (sliding-window layers, sinks, MoE) — built with transformers 5.15 and saved with `save_pretrained`, as a user's checkpoint would be;
 and drafters for them."""
 
 from __future__ import annotations
@@ -128,12 +128,44 @@ def lfm2_model(seed: int = 0, moe: bool = False):
     return model
 
 
+WINDOW = 8                  # the tiny gpt-oss's sliding window: prompts and outputs run past it
+
+
+def gpt_oss_model(seed: int = 0):
+    """A random transformers gpt-oss: sliding (window 8) and full layers alternating, sinks, 4 experts of
+    which 2 per token, scaled as `hf_model`."""
+    import transformers as tf
+    torch.manual_seed(seed)
+    config = tf.GptOssConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, head_dim=16,
+                             num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=LAYERS,
+                             num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+                             max_position_embeddings=512, eos_token_id=VOCAB - 2, bos_token_id=1, pad_token_id=0)
+    config._attn_implementation = "eager"
+    model = tf.GptOssForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(1.0, 0.2)
+            elif name.endswith(("embed_tokens.weight", "sinks")):
+                p.normal_(0.0, 1.0)
+            elif "router" in name:
+                p.normal_(0.0, 0.5)
+            elif name.endswith(("o_proj.weight", "down_proj")):
+                p.normal_(0.0, 0.06)
+            else:
+                p.normal_(0.0, 0.15)
+        bigram_head(model, seed)
+    return model
+
+
 @lru_cache(maxsize=None)
 def checkpoint(root: str, moe: bool = False, multimodal: bool = False, arch: str = "qwen3_5") -> Path:
     """Saved once per test session under `root`."""
     path = Path(root) / f"{arch}{'_moe' if moe else ''}{'_mm' if multimodal else ''}"
     if not (path / "config.json").is_file():
-        (hf_model(moe, multimodal) if arch == "qwen3_5" else lfm2_model(moe=moe)).save_pretrained(path)
+        model = (hf_model(moe, multimodal) if arch == "qwen3_5" else gpt_oss_model() if arch == "gpt_oss"
+                 else lfm2_model(moe=moe))
+        model.save_pretrained(path)
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(TOKENIZER / name, path / name)
     return path

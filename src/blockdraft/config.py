@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from .errors import ConfigError
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe")
-TARGET_LAYER_TYPES = ("full_attention", "linear_attention", "short_conv")
-STATE_LAYER_TYPES = ("linear_attention", "short_conv")
+ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "gpt_oss")
+TARGET_LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "short_conv")
+STATE_LAYER_TYPES = ("sliding_attention", "linear_attention", "short_conv")
 DRAFTER_KINDS = ("dflash", "dflash2", "dspark")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -100,16 +100,20 @@ class ShortConvConfig:
         _positive("conv_L_cache", self.conv_kernel)
 
 
-MOE_ROUTERS = ("softmax", "sigmoid")
+MOE_ROUTERS = ("softmax", "sigmoid", "topk_softmax")
+MOE_ACTIVATIONS = ("silu", "clamped_swiglu")
 
 
 @dataclass(frozen=True)
 class MoeConfig:
     """A sparse MoE feed-forward. Routers: "softmax" (Qwen3.5-MoE: softmax over all experts, top-k,
-    renormalised) or "sigmoid" (LFM2-MoE: sigmoid scores, top-k chosen on score + a per-expert bias,
-    the chosen scores renormalised). The top-k weights are then scaled by `routed_scaling`. A shared
-    expert (sigmoid-gated, Qwen3.5) where `shared_intermediate_size` > 0; the first `dense_layers`
-    layers run a dense MLP instead (LFM2-MoE's `num_dense_layers`)."""
+    renormalised), "sigmoid" (LFM2-MoE: sigmoid scores, top-k chosen on score + a per-expert bias,
+    the chosen scores renormalised) or "topk_softmax" (gpt-oss: top-k of the logits, softmax over
+    those k). The top-k weights are then scaled by `routed_scaling`. `biases`: the router and the
+    experts' projections carry biases (gpt-oss). Activations: SwiGLU ("silu") or gpt-oss's clamped
+    one, (clamp(up, ±L) + 1) · g · sigmoid(1.702 g) with g = min(gate, L), L = `swiglu_limit`.
+    A shared expert (sigmoid-gated, Qwen3.5) where `shared_intermediate_size` > 0; the first
+    `dense_layers` layers run a dense MLP instead (LFM2-MoE's `num_dense_layers`)."""
 
     num_experts: int
     top_k: int
@@ -120,6 +124,9 @@ class MoeConfig:
     routed_scaling: float = 1.0
     expert_bias: bool = False
     dense_layers: int = 0
+    biases: bool = False
+    activation: str = "silu"
+    swiglu_limit: float = 7.0
 
     def __post_init__(self):
         for name in ("num_experts", "top_k", "expert_intermediate_size", "routed_scaling"):
@@ -128,6 +135,9 @@ class MoeConfig:
             raise ConfigError(f"num_experts_per_tok={self.top_k} exceeds num_experts={self.num_experts}")
         if self.router not in MOE_ROUTERS:
             raise ConfigError(f"MoE router {self.router!r} is not supported (supported: {MOE_ROUTERS})")
+        if self.activation not in MOE_ACTIVATIONS:
+            raise ConfigError(f"MoE activation {self.activation!r} is not supported (supported: {MOE_ACTIVATIONS})")
+        _positive("swiglu_limit", self.swiglu_limit)
         for name in ("shared_intermediate_size", "dense_layers"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
@@ -156,6 +166,10 @@ class TargetConfig(DecoderDims):
     partial_rotary_factor: float = 1.0           # rotary on the first head_dim * factor dims
     attn_output_gate: bool = False               # q_proj emits query and gate; output x sigmoid(gate)
     norm_offset: bool = False                    # RMSNorm gains are (1 + w)
+    # gpt-oss: sliding-window layers see 0 <= q - k < sliding_window; a learned per-head logit joins
+    # every softmax denominator (`sinks`)
+    sliding_window: int | None = None
+    attention_sinks: bool = False
 
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
@@ -173,6 +187,11 @@ class TargetConfig(DecoderDims):
                 raise ConfigError("layer_types has linear_attention layers but no linear_* (DeltaNet) shapes")
             if "short_conv" in self.layer_types and self.short_conv is None:
                 raise ConfigError("layer_types has short-conv layers but no conv_L_cache")
+            if "sliding_attention" in self.layer_types:
+                if self.sliding_window is None:
+                    raise ConfigError("layer_types has sliding_attention layers but sliding_window is not set")
+                if not isinstance(self.sliding_window, int) or self.sliding_window < 2:
+                    raise ConfigError(f"sliding_window must be an integer >= 2, got {self.sliding_window!r}")
         if not 0 < self.partial_rotary_factor <= 1 or int(self.head_dim * self.partial_rotary_factor) % 2:
             raise ConfigError(f"partial_rotary_factor={self.partial_rotary_factor} with head_dim={self.head_dim} "
                               "must give an even rotary width in (0, head_dim]")
@@ -188,18 +207,32 @@ class TargetConfig(DecoderDims):
 
     @property
     def attention_layers(self) -> list[int]:
-        """Layers with a KV cache (full attention)."""
+        """Layers with a paged KV cache (full attention; sliding-window layers keep their window as state)."""
         return [i for i in range(self.num_layers) if self.layer_type(i) == "full_attention"]
 
     @property
     def state_layers(self) -> list[int]:
-        """Layers with a per-sequence state (Gated DeltaNet, short conv), which cannot roll back by length."""
+        """Layers with a per-sequence state (Gated DeltaNet, short conv, a sliding window's K/V), which
+        cannot roll back by length."""
         return [i for i in range(self.num_layers) if self.layer_type(i) in STATE_LAYER_TYPES]
 
     @property
-    def state_config(self) -> "DeltaNetConfig | ShortConvConfig | None":
-        """The shapes of the state layers' state (one kind per model)."""
-        return self.deltanet if self.deltanet is not None else self.short_conv
+    def state_layout(self):
+        """What one sequence's state holds (`cache/state.py`): per state layer a window of rows — a
+        DeltaNet's or short conv's last K-1 conv inputs, a sliding layer's last W-1 keys ‖ values — and
+        the DeltaNet layers' recurrent state."""
+        from .cache.state import StateLayout
+        windows = {}
+        for i in self.state_layers:
+            kind = self.layer_type(i)
+            if kind == "linear_attention":
+                windows[i] = (self.deltanet.conv_kernel - 1, self.deltanet.conv_dim)
+            elif kind == "short_conv":
+                windows[i] = (self.short_conv.conv_kernel - 1, self.short_conv.conv_dim)
+            else:
+                windows[i] = (self.sliding_window - 1, 2 * self.num_kv_heads * self.head_dim)
+        recurrent = tuple(i for i in self.state_layers if self.layer_type(i) == "linear_attention")
+        return StateLayout(windows, self.deltanet if recurrent else None, recurrent)
 
     def sparse_layer(self, layer: int) -> bool:
         """Whether the layer's feed-forward is the MoE block (else a dense MLP)."""

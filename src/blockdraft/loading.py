@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from .checkpoints.resolve import canonical_tensor_names, resolve_drafter, resolve_target
+from .checkpoints import mxfp4
 from .checkpoints.rope_layout import reorder_rotated
 from .checkpoints.weights import assign_weights, load_state_dict, read_json, strip_prefix, tensor_names
 from .config import DrafterConfig, TargetConfig
@@ -79,11 +80,49 @@ def _target_names(tensors: dict[str, torch.Tensor],
                 name = name[len(p):]
                 break
         out[name] = t
-    if cfg.moe is not None:
+    if cfg.architecture == "gpt_oss":
+        out = _gpt_oss_experts(out)
+    elif cfg.moe is not None:
         out = _pack_experts(out, cfg.moe.num_experts)
     if cfg.architecture.startswith("lfm2"):
         out = {_lfm2_name(n): t for n, t in out.items()}
     return out, skipped
+
+
+_GPT_OSS_EXPERTS = re.compile(r"^(layers\.\d+\.mlp)\.experts\.(gate_up_proj|down_proj)(_blocks|_scales|_bias|)$")
+
+
+def _gpt_oss_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """gpt-oss's experts -> `layers/moe.py`'s layout. Published: MXFP4 `*_blocks` / `*_scales` [E, out,
+    in / 32, ...] (dequantized, `checkpoints/mxfp4.py`); transformers' bf16 save: `gate_up_proj` [E, H, 2I]
+    and `down_proj` [E, I, H] (x @ W, transposed here). The gate and up columns interleave (gate even, up
+    odd): split into gate rows then up rows, biases alike. The router is `mlp.router` (here `mlp.gate`)."""
+    out, parts = {}, {}
+    for name, t in tensors.items():
+        m = _GPT_OSS_EXPERTS.match(name)
+        if m is None:
+            out[name.replace(".mlp.router.", ".mlp.gate.")] = t
+        else:
+            parts.setdefault((m.group(1), m.group(2)), {})[m.group(3)] = t
+    for (base, proj), have in parts.items():
+        name = f"{base}.experts.{proj}"
+        if "_blocks" in have or "_scales" in have:
+            if not {"_blocks", "_scales"} <= set(have):
+                missing = "_scales" if "_blocks" in have else "_blocks"
+                raise CheckpointError(f"target: missing tensors {name}{missing} (MXFP4 needs blocks and scales)")
+            w = mxfp4.dequantize(have["_blocks"], have["_scales"], name)               # [E, out, in]
+        elif "" in have:
+            w = have[""].transpose(1, 2)                                              # [E, in, out] -> [E, out, in]
+        else:
+            raise CheckpointError(f"target: missing tensors {name} (or {name}_blocks / _scales)")
+        bias = have.get("_bias")
+        if proj == "gate_up_proj":
+            w = torch.cat([w[:, 0::2], w[:, 1::2]], dim=1)                             # [E, gate rows ‖ up rows, H]
+            bias = None if bias is None else torch.cat([bias[:, 0::2], bias[:, 1::2]], dim=1)
+        out[name] = w.contiguous()
+        if bias is not None:
+            out[f"{name}_bias"] = bias.contiguous()
+    return out
 
 
 LFM2_NAMES = ((".operator_norm.", ".input_layernorm."), (".ffn_norm.", ".post_attention_layernorm."),

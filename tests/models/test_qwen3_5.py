@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import hybrid_models as hm
-from blockdraft.cache.state import RecurrentStatePool
+from blockdraft.cache.state import StatePool
 from blockdraft.errors import CheckpointError, ConfigError
 from blockdraft.layers import cpu_kernels
 from blockdraft.layers.deltanet import delta_rule
@@ -119,7 +119,7 @@ def test_drafters_load_against_hybrid_targets_tapping_deltanet_and_attention(hyb
     assert [target.config.layer_type(i) for i in taps] == ["linear_attention", "full_attention"]
 
 
-def _states(pool: RecurrentStatePool, slot: int) -> list[torch.Tensor]:
+def _states(pool: StatePool, slot: int) -> list[torch.Tensor]:
     return [t[slot].clone() for i in pool.layers for t in (pool.conv[i], pool.rec[i])]
 
 
@@ -141,7 +141,7 @@ def test_rollback_is_bitwise_the_state_of_the_accepted_rows(hybrid_root, moe, ro
     with torch.inference_mode():
         for keep in range(block.shape[1] + 1):
             spec = target.new_cache(1, 32)
-            spec.states = RecurrentStatePool(cfg.state_layers, 1, cfg.state_config, target.dtype, rollback=rollback)
+            spec.states = StatePool(cfg.state_layout, 1, target.dtype, rollback=rollback)
             spec.states.acquire()
             target(prompt, spec)
             spec.truncate(prompt.shape[1])

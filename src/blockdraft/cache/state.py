@@ -1,6 +1,11 @@
-"""Per-sequence state of a target's stateful layers (Qwen3.5 Gated DeltaNet, LFM2 short conv), per slot.
+"""Per-sequence state of a target's stateful layers, per slot: Qwen3.5's Gated DeltaNet, LFM2's short
+conv, and sliding-window attention (gpt-oss).
 
-A stateful layer cannot roll back by length as KV can. One interface serves every such layer:
+Every such layer keeps a window of its most recent input rows (`StateLayout.windows`): a conv's last
+K-1 inputs, a sliding-window attention layer's last W-1 keys and values (position p's K/V sit at row
+W-1-(length-p); what lies before position 0 is masked by position). A DeltaNet keeps a recurrent state
+beside its conv rows. None of it can roll back by length as paged KV can. One interface serves every
+such layer:
 
     slot = pool.acquire()                       # zeroed; one per running sequence
     step = pool.begin(slots, counts)            # a forward's view: working copies of the states
@@ -9,7 +14,8 @@ A stateful layer cannot roll back by length as KV can. One interface serves ever
     pool.release(slot)
 
 The forward never writes the pool. `commit` makes a slot's state exactly the state after its first
-`keep[i]` rows: the conv state is the last K-1 input rows up to there (a gather), and the recurrent
+`keep[i]` rows: a window is the last rows up to there (a gather — rows older than the step that are
+still inside the window are kept, rejected rows never enter), and the recurrent
 state is either the one the forward reached (every row kept) or, after a rejection, a **replay** of
 the kept rows' recorded inputs (q, k, v, g, beta) from the slot's state through the same per-token
 recurrence — bitwise the state of a run that only saw those rows. `rollback="per_row"` keeps the
@@ -23,26 +29,35 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import DeltaNetConfig, ShortConvConfig
+from ..config import DeltaNetConfig
 from ..layers.deltanet import delta_rule
 
 ROLLBACKS = ("replay", "per_row")
 
 
-def _recurrent(cfg) -> bool:
-    return isinstance(cfg, DeltaNetConfig)
+@dataclass(frozen=True)
+class StateLayout:
+    """What one sequence's state holds: per layer a window of (rows, width) in the model dtype, and for
+    the `recurrent` layers a DeltaNet state [H_v, d_k, d_v] in fp32."""
 
+    windows: dict[int, tuple[int, int]]
+    recurrent: DeltaNetConfig | None = None
+    recurrent_layers: tuple[int, ...] = ()
 
-def state_bytes_per_slot(cfg: DeltaNetConfig | ShortConvConfig, num_layers: int, dtype: torch.dtype) -> int:
-    """Bytes one sequence's state takes: conv rows in the model dtype, a DeltaNet's recurrent state in fp32."""
-    conv = (cfg.conv_kernel - 1) * cfg.conv_dim * torch.empty((), dtype=dtype).element_size()
-    rec = cfg.num_v_heads * cfg.k_dim * cfg.v_dim * 4 if _recurrent(cfg) else 0
-    return num_layers * (conv + rec)
+    @property
+    def layers(self) -> list[int]:
+        return sorted(self.windows)
+
+    def bytes_per_slot(self, dtype: torch.dtype) -> int:
+        size = torch.empty((), dtype=dtype).element_size()
+        rows = sum(r * w for r, w in self.windows.values()) * size
+        r = self.recurrent
+        return rows + (len(self.recurrent_layers) * r.num_v_heads * r.k_dim * r.v_dim * 4 if r is not None else 0)
 
 
 @dataclass
 class LayerRecord:
-    conv_in: torch.Tensor                # [b, rows, conv_dim] the conv's inputs (model dtype)
+    conv_in: torch.Tensor                # [b, rows, width] the window's new rows: conv inputs, or K ‖ V (model dtype)
     q: torch.Tensor | None = None        # [b, rows, H, d_k] fp32, normalised and scaled  (DeltaNet only:)
     k: torch.Tensor | None = None        # [b, rows, H, d_k] fp32, normalised
     v: torch.Tensor | None = None        # [b, rows, H, d_v] fp32
@@ -57,8 +72,9 @@ class StateStep:
 
     def __init__(self, conv: dict[int, torch.Tensor], rec: dict[int, torch.Tensor], counts: list[int],
                  keep_states: bool = False):
-        self.conv, self.rec = conv, rec                  # per layer [b, K-1, C] / [b, H, d_k, d_v] (DeltaNet)
+        self.conv, self.rec = conv, rec                  # per layer [b, rows, width] / [b, H, d_k, d_v] (DeltaNet)
         self.counts = counts
+        self._sliding: dict[int, torch.Tensor] = {}
         rows = max(counts)
         device = next(iter(conv.values())).device
         self.valid = None
@@ -74,8 +90,22 @@ class StateStep:
     def record(self, layer: int, rec: LayerRecord) -> None:
         self.records[layer] = rec
 
+    def sliding_visible(self, positions: torch.Tensor, window: int) -> torch.Tensor:
+        """What each new row of a sliding-window layer sees among [window rows ‖ new rows]:
+        positions [b, t] -> [b, 1, t, window - 1 + t], key k visible from query q iff 0 <= q - k < window,
+        k >= 0 and k is a real row. One mask per window size and step."""
+        if window not in self._sliding:
+            start = positions[:, :1]                                                    # [b, 1]: first new row
+            past = start - (window - 1) + torch.arange(window - 1, device=positions.device)[None, :]
+            keys = torch.cat([past, positions], dim=1)                                  # [b, W-1+t]
+            real = torch.cat([past >= 0, self.valid if self.valid is not None
+                              else torch.ones_like(positions, dtype=torch.bool)], dim=1)
+            diff = positions[:, :, None] - keys[:, None, :]                             # [b, t, W-1+t]
+            self._sliding[window] = ((diff >= 0) & (diff < window) & real[:, None, :])[:, None]
+        return self._sliding[window]
+
     def kept_conv(self, layer: int, keep: torch.Tensor) -> torch.Tensor:
-        """The conv state after `keep[i]` rows of sequence i: the last K-1 of (state rows, inputs)."""
+        """The window after `keep[i]` rows of sequence i: its last rows of (window rows, new rows)."""
         conv = self.conv[layer]
         window = torch.cat([conv, self.records[layer].conv_in.to(conv.dtype)], dim=1)   # [b, K-1+rows, C]
         idx = keep[:, None] + torch.arange(conv.shape[1], device=keep.device)[None, :]  # [b, K-1]
@@ -102,21 +132,21 @@ class StateStep:
         return torch.where(finished, r.final, replayed)
 
 
-class RecurrentStatePool:
-    """States of the target layers `layers` for up to `slots` sequences."""
+class StatePool:
+    """The states of a target's stateful layers (`layout`) for up to `slots` sequences."""
 
-    def __init__(self, layers: list[int], slots: int, cfg: DeltaNetConfig | ShortConvConfig, dtype: torch.dtype,
-                 device: torch.device | str = "cpu", rollback: str = "replay"):
+    def __init__(self, layout: StateLayout, slots: int, dtype: torch.dtype, device: torch.device | str = "cpu",
+                 rollback: str = "replay"):
         if rollback not in ROLLBACKS:
             raise ValueError(f"rollback={rollback!r} (choose from {ROLLBACKS})")
-        self.layers, self.rollback = list(layers), rollback
-        self.conv = {i: torch.zeros(slots, cfg.conv_kernel - 1, cfg.conv_dim, dtype=dtype, device=device)
-                     for i in layers}
-        self.rec = {i: torch.zeros(slots, cfg.num_v_heads, cfg.k_dim, cfg.v_dim, dtype=torch.float32, device=device)
-                    for i in layers} if _recurrent(cfg) else {}
+        self.layout, self.layers, self.rollback = layout, layout.layers, rollback
+        self.conv = {i: torch.zeros(slots, rows, width, dtype=dtype, device=device)
+                     for i, (rows, width) in layout.windows.items()}
+        r = layout.recurrent
+        self.rec = {i: torch.zeros(slots, r.num_v_heads, r.k_dim, r.v_dim, dtype=torch.float32, device=device)
+                    for i in layout.recurrent_layers}
         self.free_slots = list(range(slots))
         self.num_slots = slots
-
     @property
     def num_free(self) -> int:
         return len(self.free_slots)

@@ -160,7 +160,7 @@ QWEN3_5_ARCHITECTURES = {
 QWEN3_5_MODEL_TYPES = {"qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5",
                        "qwen3_5_moe": "qwen3_5_moe", "qwen3_5_moe_text": "qwen3_5_moe"}
 SUPPORTED_TARGETS = ("LlamaForCausalLM", "Qwen3ForCausalLM", *QWEN3_5_ARCHITECTURES, "Lfm2ForCausalLM",
-                     "Lfm2MoeForCausalLM")
+                     "Lfm2MoeForCausalLM", "GptOssForCausalLM")
 
 
 def _target_architecture(cfg: dict) -> str:
@@ -177,6 +177,8 @@ def _target_architecture(cfg: dict) -> str:
         return "lfm2"
     if "Lfm2MoeForCausalLM" in archs or model_type == "lfm2_moe":
         return "lfm2_moe"
+    if "GptOssForCausalLM" in archs or model_type == "gpt_oss":
+        return "gpt_oss"
     if model_type in QWEN3_5_MODEL_TYPES:
         return QWEN3_5_MODEL_TYPES[model_type]
     raise ConfigError(f"target architecture {archs or model_type!r} is not supported "
@@ -185,6 +187,13 @@ def _target_architecture(cfg: dict) -> str:
 
 def resolve_target(cfg: dict) -> TargetConfig:
     arch = _target_architecture(cfg)
+    quant = (cfg.get("quantization_config") or {}).get("quant_method")
+    if quant is not None and (quant, arch) != ("mxfp4", "gpt_oss"):
+        raise ConfigError(f"target quantization_config.quant_method={quant!r} is not supported for {arch} "
+                          "(blockdraft reads bf16/fp32 checkpoints, and gpt-oss's MXFP4 experts; quantize at load "
+                          "with --quantization int4|int8)")
+    if arch == "gpt_oss":
+        return _resolve_gpt_oss(cfg)
     if arch.startswith("qwen3_5"):
         return _resolve_qwen3_5(cfg, arch)
     if arch.startswith("lfm2"):
@@ -295,6 +304,45 @@ def _resolve_lfm2(cfg: dict, arch: str) -> TargetConfig:
         bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_eos_ids(cfg), layer_types=types, moe=moe,
         short_conv=ShortConvConfig(conv_dim=int(cfg["hidden_size"]), conv_kernel=int(cfg.get("conv_L_cache", 3)),
                                    bias=bool(cfg.get("conv_bias", False))),
+    )
+
+
+# transformers' GptOssConfig default (the published config spells the same values under `rope_scaling`)
+GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 4096}
+
+
+def _resolve_gpt_oss(cfg: dict) -> TargetConfig:
+    """transformers' `gpt_oss`: attention with sinks and q/k/v/o biases, sliding-window layers alternating
+    with full ones (`layer_types`; the first sliding), yarn RoPE, and a top-k-then-softmax MoE with biases
+    and the clamped SwiGLU in every layer."""
+    cfg = dict(cfg)
+    layers = int(_require(cfg, "num_hidden_layers", "target"))
+    types = cfg.get("layer_types")
+    if types is None:
+        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    if not isinstance(types, list):
+        raise ConfigError(f"layer_types must be a list, got {types!r}")
+    if not (cfg.get("rope_parameters") or cfg.get("rope_scaling")):
+        cfg["rope_parameters"] = {**GPT_OSS_ROPE, "rope_theta": cfg.get("rope_theta", 150000.0)}
+    elif "rope_theta" not in (cfg.get("rope_parameters") or cfg.get("rope_scaling")):
+        cfg.setdefault("rope_theta", 150000.0)
+    cfg.setdefault("attention_bias", True)
+    cfg.setdefault("rms_norm_eps", 1e-5)
+    experts = cfg.get("num_local_experts", cfg.get("num_experts"))
+    if experts is None:
+        raise ConfigError("target config.json has no 'num_local_experts'")
+    moe = MoeConfig(num_experts=int(experts),
+                    top_k=int(cfg.get("num_experts_per_tok", cfg.get("experts_per_token", 4))),
+                    expert_intermediate_size=int(_require(cfg, "intermediate_size", "target")),
+                    router="topk_softmax", biases=True, activation="clamped_swiglu",
+                    swiglu_limit=float(cfg.get("swiglu_limit", 7.0)))
+    return TargetConfig(
+        architecture="gpt_oss", **_dims(cfg, "target"),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 131072)),
+        bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_eos_ids(cfg), layer_types=tuple(types), moe=moe,
+        sliding_window=cfg.get("sliding_window", 128), attention_sinks=True,
     )
 
 

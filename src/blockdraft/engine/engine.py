@@ -27,7 +27,7 @@ import torch
 from ..cache.block_manager import BlockManager
 from ..cache.paged import PagedKVPool
 from ..cache.ring import DrafterRing
-from ..cache.state import ROLLBACKS, RecurrentStatePool, state_bytes_per_slot
+from ..cache.state import ROLLBACKS, StatePool
 from ..cache.plan import PAGE_SIZE, CachePlan, KVGeometry, budget_for, plan_cache
 from .admission import check_request
 from ..errors import ConfigError, RequestError
@@ -107,12 +107,13 @@ class LLMEngine:
         self.prefix_caching_off: str | None = None if prefix_caching else "off in EngineConfig"
         state_bytes = 0
         if tc.hybrid:
-            state_bytes = state_bytes_per_slot(tc.state_config, len(tc.state_layers), target.dtype)
+            state_bytes = tc.state_layout.bytes_per_slot(target.dtype)
             if prefix_caching:
                 prefix_caching = False
-                self.prefix_caching_off = (f"refused for {tc.architecture}: its linear_attention layers keep a "
-                                           "recurrent state, and a prefix hit would need that state at the block "
-                                           "boundary")
+                kinds = "/".join(sorted({tc.layer_type(i) for i in tc.state_layers}))
+                self.prefix_caching_off = (f"refused for {tc.architecture}: its {kinds} layers keep a per-sequence "
+                                           "state (a recurrent state, conv rows or a sliding window's K/V), and a "
+                                           "prefix hit would need that state at the block boundary")
         if drafter is not None:
             dc = drafter.config
             ring_layers = [i for i in range(dc.num_layers) if dc.layer_window(i)]
@@ -151,8 +152,8 @@ class LLMEngine:
                                   target.device)
         states = None
         if tc.hybrid:
-            states = RecurrentStatePool(tc.state_layers, self.config.max_batch, tc.state_config, target.dtype,
-                                        target.device, self.config.state_rollback)
+            states = StatePool(tc.state_layout, self.config.max_batch, target.dtype, target.device,
+                               self.config.state_rollback)
         drafter_pool = ring = None
         if drafter is not None:
             dc = drafter.config
@@ -310,7 +311,7 @@ def default_cache_budget(target: TargetModel, drafter: BlockDrafter | None, max_
     """Room for `max_batch` sequences of `max_len` tokens (+ lookahead), target and drafter KV."""
     tc = target.config
     geo = KVGeometry.of(tc, target, len(tc.attention_layers))
-    state = state_bytes_per_slot(tc.state_config, len(tc.state_layers), target.dtype) if tc.hybrid else 0
+    state = tc.state_layout.bytes_per_slot(target.dtype) if tc.hybrid else 0
     if drafter is None:
         return budget_for(max_batch, max_len, geo, state_bytes_per_seq=state)
     dc = drafter.config

@@ -20,7 +20,7 @@ from ..cache.views import ContextRead, KernelKV, causal_visibility
 class KVCache:
     """`states`: the recurrent state of a hybrid target (`cache/state.py`, batch row i = slot i). It
     cannot roll back by length: `truncate(n)` after a forward keeps that forward's first `n - start`
-    rows (the state replayed as `RecurrentStatePool.commit` does), and may not go below its start."""
+    rows (the state replayed as `StatePool.commit` does), and may not go below its start."""
 
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu", capacity: int = 256, states=None):

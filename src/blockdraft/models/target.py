@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..cache.state import RecurrentStatePool
+from ..cache.state import LayerRecord, StatePool
 from ..config import Taps, TargetConfig
 from ..layers import cpu_kernels as kernels
 from ..layers.attention import attend
@@ -33,9 +33,15 @@ from .qwen3_5 import HybridDecoderLayer, OffsetRMSNorm
 
 
 class TargetAttention(DirectCall):
-    def __init__(self, cfg: TargetConfig):
+    """Full-attention layers read and write the step's KV; sliding-window layers (gpt-oss) keep their
+    last `sliding_window - 1` K/V rows as per-sequence state (`cache/state.py`) and attend over those and
+    the step's own rows. `sinks`: a learned per-head logit in every softmax (gpt-oss)."""
+
+    def __init__(self, cfg: TargetConfig, layer: int = 0):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.window = cfg.sliding_window if cfg.layer_type(layer) == "sliding_attention" else None
+        self.sinks = nn.Parameter(torch.zeros(cfg.num_heads)) if cfg.attention_sinks else None
         self.q_proj = StableLinear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.attention_bias)
         self.k_proj = StableLinear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
         self.v_proj = StableLinear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
@@ -65,14 +71,33 @@ class TargetAttention(DirectCall):
 
     def forward(self, x, cos, sin, step, layer: int):
         q, k, v = self._rotated(x, cos, sin)
-        k, v = step.kv(layer, k, v)
-        return self.o_proj(attend(q, k, v, step.visible, self.head_dim ** -0.5))
+        if self.window is None:
+            k, v = step.kv(layer, k, v)
+            visible = step.visible
+        else:
+            k, v, visible = sliding_kv(step, layer, k, v, self.window)
+        return self.o_proj(attend(q, k, v, visible, self.head_dim ** -0.5, self.sinks))
+
+
+def sliding_kv(step, layer: int, k: torch.Tensor, v: torch.Tensor, window: int):
+    """k/v [b, hkv, t, d] of a sliding-window layer's new rows -> the keys and values its rows see
+    ([b, hkv, window - 1 + t, d]: the sequence's last window - 1 rows, then the new ones) and the mask;
+    the new rows are recorded for the state's commit (only the kept ones enter the window)."""
+    state = step.state
+    past, _ = state.initial(layer)                                                   # [b, W-1, 2*hkv*d]
+    b, hkv, t, d = k.shape
+    new = torch.stack([k, v], dim=2).permute(0, 3, 2, 1, 4).reshape(b, t, 2 * hkv * d)   # [b, t, (2, hkv, d)]
+    state.record(layer, LayerRecord(new))
+    rows = torch.cat([past.to(new.dtype), new], dim=1).view(b, window - 1 + t, 2, hkv, d)
+    keys = rows[:, :, 0].transpose(1, 2).contiguous()                                # [b, hkv, W-1+t, d]
+    values = rows[:, :, 1].transpose(1, 2).contiguous()
+    return keys, values, state.sliding_visible(step.positions, window)
 
 
 class DecoderLayer(DirectCall):
     def __init__(self, cfg: TargetConfig, layer: int):
         super().__init__()
-        self.self_attn = TargetAttention(cfg)
+        self.self_attn = TargetAttention(cfg, layer)
         self.mlp = feed_forward(cfg, layer)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -127,7 +152,7 @@ class TargetModel(nn.Module):
         c = self.config
         states = None
         if c.hybrid:
-            states = RecurrentStatePool(c.state_layers, batch, c.state_config, self.dtype, self.device)
+            states = StatePool(c.state_layout, batch, self.dtype, self.device)
             for _ in range(batch):
                 states.acquire()
         return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.dtype, self.device, capacity, states)

@@ -1,0 +1,153 @@
+"""gpt-oss targets (transformers `gpt_oss`): sliding-window layers whose window is per-sequence state
+(`cache/state.py`), attention sinks, the top-k-then-softmax MoE with the clamped SwiGLU, and the MXFP4
+experts as published — against transformers, rolled back across the window edge, lossless in the engine."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import hybrid_models as hm
+from decode_oracle import generate_cache_free
+from blockdraft.checkpoints import mxfp4
+from blockdraft.engine.engine import EngineConfig, LLMEngine
+from blockdraft.errors import CheckpointError, ConfigError
+from blockdraft.loading import load_drafter, load_target
+from blockdraft.sampling.params import SamplingParams
+
+PROMPT = torch.tensor([[5, 17, 3, 88, 41, 9, 60, 2, 33, 71, 12, 40, 7, 19]])     # 14 tokens > window 8
+
+
+def checkpoint(root):
+    return hm.checkpoint(str(root), arch="gpt_oss")
+
+
+def test_logits_and_greedy_match_transformers(hybrid_root):
+    hf = hm.gpt_oss_model()
+    ours = load_target(checkpoint(hybrid_root), dtype="float32")
+    c = ours.config
+    assert c.layer_types == ("sliding_attention", "full_attention") * 2 and c.sliding_window == hm.WINDOW
+    assert c.attention_layers == [1, 3] and c.state_layers == [0, 2]           # windows are state, not paged KV
+    with torch.no_grad():
+        generated = hf.generate(PROMPT, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+        ref = hf(generated).logits
+    assert (ours.logits(generated) - ref).abs().max().item() <= 1e-4
+    assert hm.greedy_with_cache(ours, PROMPT, 20) == generated[0].tolist()
+
+
+def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [E, out, in] -> (blocks [E, out, in/32, 16], scales [E, out, in/32]): a power-of-two scale per
+    group of 32 (the smallest that fits the group's largest value as 6), each value the nearest E2M1 code."""
+    lut = torch.tensor(mxfp4.E2M1[:8])
+    g = w.float().reshape(*w.shape[:-1], -1, 32)
+    amax = g.abs().amax(-1, keepdim=True).clamp_min(2.0 ** -100)
+    exp = torch.ceil(torch.log2(amax / 6.0))
+    q = g / torch.exp2(exp)
+    code = (q.abs()[..., None] - lut).abs().argmin(-1) | ((q < 0).long() << 3)
+    blocks = (code[..., 0::2] | (code[..., 1::2] << 4)).to(torch.uint8)
+    return blocks, (exp[..., 0] + 127).to(torch.uint8)
+
+
+def mxfp4_checkpoint(root, tmp_path):
+    """The tiny gpt-oss as openai publishes gpt-oss: experts as MXFP4 blocks and scales [E, out, in/32, ...]."""
+    dst = tmp_path / "mxfp4"
+    shutil.copytree(checkpoint(root), dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        blocks, scales = quantize_mxfp4(tensors.pop(name).transpose(1, 2))          # [E, in, out] -> [E, out, in]
+        tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+    save_file(tensors, str(dst / "model.safetensors"))
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_mxfp4_experts_load_as_transformers_dequantizes_them(hybrid_root, tmp_path):
+    import transformers as tf
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    path = mxfp4_checkpoint(hybrid_root, tmp_path)
+    tensors = load_file(str(path / "model.safetensors"))
+    blocks, scales = tensors["model.layers.1.mlp.experts.down_proj_blocks"], tensors["model.layers.1.mlp.experts.down_proj_scales"]
+    assert torch.equal(mxfp4.dequantize(blocks, scales).transpose(1, 2), convert_moe_packed_tensors(blocks, scales))
+    hf = tf.GptOssForCausalLM.from_pretrained(path, dtype=torch.float32).float().eval()    # experts load as bf16
+    ours = load_target(path, dtype="float32")
+    ids = torch.randint(0, hm.VOCAB, (1, 20))
+    with torch.no_grad():
+        assert (ours.logits(ids) - hf(ids).logits).abs().max().item() <= 1e-4
+
+
+def test_rollback_across_the_window_edge_is_bitwise(hybrid_root):
+    """Verify 6 rows on a 12-token prefix (window 8), keep 0..6: the window is bitwise that of a run
+    that saw only the kept rows, rows from before the step included."""
+    target = load_target(checkpoint(hybrid_root), dtype="bfloat16")
+    prompt, block = PROMPT[:, :12], torch.tensor([[11, 40, 3, 90, 27, 6]])
+    with torch.inference_mode():
+        for keep in range(block.shape[1] + 1):
+            spec = target.new_cache(1, 32)
+            target(prompt, spec)
+            spec.truncate(prompt.shape[1])
+            target(block, spec)
+            spec.truncate(prompt.shape[1] + keep)
+            fresh = target.new_cache(1, 32)
+            target(torch.cat([prompt, block[:, :keep]], dim=1), fresh)
+            fresh.truncate(prompt.shape[1] + keep)
+            for i in spec.states.layers:
+                assert torch.equal(spec.states.conv[i], fresh.states.conv[i]), f"layer {i}, keep={keep}"
+            nxt = torch.tensor([[50]])
+            assert torch.equal(target(nxt, spec).logits, target(nxt, fresh).logits), f"keep={keep}"
+
+
+@pytest.mark.parametrize("quantization", ["none", "int4"])
+def test_speculative_equals_plain_and_the_cache_free_loop(hybrid_root, quantization):
+    target = load_target(checkpoint(hybrid_root), dtype="bfloat16", quantization=quantization)
+    drafter = load_drafter(hm.trained_drafter_dir(str(hybrid_root), "dspark", False, "gpt_oss"), target)
+    prompts = hm.prompts(8, seed=21, low=3, high=40)
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    config = EngineConfig(max_batch=8, cache_budget_bytes=4 << 20, max_model_len=128, adaptive_speculation=False)
+    plain = LLMEngine(target, None, config).generate(prompts, params)
+    spec = LLMEngine(target, drafter, config).generate(prompts, params)
+    als = [a for o in spec for a in o.acceptance_lengths]
+    assert 1 < sum(als) / len(als) < drafter.config.num_draft_tokens + 1, "drafts must be partly accepted"
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    one = LLMEngine(target, drafter, EngineConfig(max_batch=1, cache_budget_bytes=4 << 20, max_model_len=128,
+                                                  adaptive_speculation=False)).generate(prompts[:2], params)
+    assert [o.token_ids for o in one] == [o.token_ids for o in plain[:2]]
+    for p, o in list(zip(prompts, spec))[:2]:
+        oracle = generate_cache_free(target, p, params.max_tokens, drafter)
+        assert (o.token_ids, o.acceptance_lengths) == (oracle.token_ids, oracle.acceptance_lengths)
+
+
+def _edited(root, tmp_path, edit):
+    dst = tmp_path / "bad"
+    shutil.copytree(checkpoint(root), dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    edit(cfg, dst)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_malformed_checkpoints_are_named_errors(hybrid_root, tmp_path):
+    with pytest.raises(ConfigError, match="sliding_window must be an integer >= 2, got 0"):
+        load_target(_edited(hybrid_root, tmp_path / "a", lambda c, d: c.update(sliding_window=0)))
+    with pytest.raises(ConfigError, match="quant_method='gptq' is not supported for gpt_oss"):
+        load_target(_edited(hybrid_root, tmp_path / "b",
+                            lambda c, d: c.update(quantization_config={"quant_method": "gptq"})))
+
+    def drop_scales(cfg, d):
+        shutil.copy(mxfp4_checkpoint(hybrid_root, tmp_path / "c0") / "model.safetensors", d / "model.safetensors")
+        tensors = load_file(str(d / "model.safetensors"))
+        del tensors["model.layers.2.mlp.experts.gate_up_proj_scales"]
+        save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="missing tensors layers.2.mlp.experts.gate_up_proj_scales"):
+        load_target(_edited(hybrid_root, tmp_path / "c", drop_scales))
+
+    def drop_sinks(cfg, d):
+        tensors = load_file(str(d / "model.safetensors"))
+        del tensors["model.layers.1.self_attn.sinks"]
+        save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"missing tensors \['layers.1.self_attn.sinks'\]"):
+        load_target(_edited(hybrid_root, tmp_path / "d", drop_sinks))
