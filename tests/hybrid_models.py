@@ -1,5 +1,6 @@
 """Tiny random targets with per-sequence state — Qwen3.5 (dense and MoE, text-only and multimodal layouts)
-LFM2 (dense and MoE) and gpt-oss (sliding-window layers, sinks, MoE) — built with transformers 5.15 and saved with `save_pretrained`, as a user's checkpoint would be;
+LFM2 (dense and MoE), gpt-oss (sliding-window layers, sinks, MoE) and Gemma 4 (dense and MoE, text-only
+and multimodal layouts) — built with transformers 5.15 and saved with `save_pretrained`, as a user's checkpoint would be;
 and drafters for them."""
 
 from __future__ import annotations
@@ -92,6 +93,26 @@ def greedy_with_cache(model, prompt: torch.Tensor, new_tokens: int) -> list[int]
     return tokens
 
 
+@torch.inference_mode()
+def check_rollback(target, prompt: torch.Tensor, block: torch.Tensor) -> None:
+    """Verify `block` after `prompt` and keep 0..all of its rows: every per-sequence state (windows
+    included, rows from before the step too) is bitwise that of a run that saw only the kept rows, and
+    the next step's logits agree bitwise."""
+    for keep in range(block.shape[1] + 1):
+        spec = target.new_cache(1, 64)
+        target(prompt, spec)
+        spec.truncate(prompt.shape[1])
+        target(block, spec)
+        spec.truncate(prompt.shape[1] + keep)
+        fresh = target.new_cache(1, 64)
+        target(torch.cat([prompt, block[:, :keep]], dim=1), fresh)
+        fresh.truncate(prompt.shape[1] + keep)
+        for i in spec.states.layers:
+            assert torch.equal(spec.states.conv[i], fresh.states.conv[i]), f"layer {i}, keep={keep}"
+        nxt = torch.tensor([[50]])
+        assert torch.equal(target(nxt, spec).logits, target(nxt, fresh).logits), f"keep={keep}"
+
+
 def lfm2_model(seed: int = 0, moe: bool = False):
     """A random transformers LFM2 (short conv, attention, conv, attention), scaled as `hf_model`; with
     `moe`, LFM2-MoE: the first layer dense, the others sigmoid-routed experts with a random expert bias
@@ -158,13 +179,72 @@ def gpt_oss_model(seed: int = 0):
     return model
 
 
+GEMMA4_TYPES = ["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2 + ["full_attention",
+                                                                                           "sliding_attention",
+                                                                                           "full_attention"]
+
+
+def gemma4_text_config(moe: bool, **overrides) -> dict:
+    """A tiny Gemma 4 exercising every feature: 8 layers (sliding window 4, full layers with their own head
+    size and, on `moe`, one K/V head with V = K), the last 3 layers sharing K/V (double-wide MLPs),
+    per-layer embeddings, final-logit softcapping; `moe`: routed experts beside every MLP."""
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=8, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+               attention_k_eq_v=moe, layer_types=GEMMA4_TYPES, sliding_window=4, num_kv_shared_layers=3,
+               use_double_wide_mlp=True, hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB,
+               final_logit_softcapping=30.0, max_position_embeddings=512, enable_moe_block=moe,
+               rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                   "rope_theta": 1e6}},
+               pad_token_id=0, bos_token_id=1, eos_token_id=VOCAB - 2, tie_word_embeddings=False)
+    if moe:
+        cfg.update(num_experts=4, top_k_experts=2, moe_intermediate_size=24)
+    cfg.update(overrides)
+    return cfg
+
+
+def gemma4_model(moe: bool = False, multimodal: bool = False, seed: int = 0):
+    """A random transformers Gemma 4 (`gemma4_text_config`); `multimodal`: inside the published
+    `Gemma4ForConditionalGeneration` layout, with tiny vision and audio towers."""
+    import transformers as tf
+    torch.manual_seed(seed)
+    text = tf.Gemma4TextConfig(**gemma4_text_config(moe))
+    if multimodal:
+        vision = tf.Gemma4VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                       num_key_value_heads=2, head_dim=16, position_embedding_size=64)
+        audio = tf.Gemma4AudioConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, output_proj_dims=48,
+                                     subsampling_conv_channels=[8, 4])
+        config = tf.Gemma4Config(text_config=text.to_dict(), vision_config=vision, audio_config=audio,
+                                 tie_word_embeddings=False)
+        model_cls = tf.Gemma4ForConditionalGeneration
+    else:
+        config, model_cls = text, tf.Gemma4ForCausalLM
+    config._attn_implementation = "eager"
+    model = model_cls(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(("router.scale", "per_expert_scale")):
+                p.normal_(1.0, 0.3)
+            elif "embed" in name:
+                p.normal_(0.0, 1.0)
+            elif name.endswith(("o_proj.weight", "down_proj.weight", "down_proj", "per_layer_projection.weight")):
+                p.normal_(0.0, 0.06)
+            else:
+                p.normal_(0.0, 0.15)
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.uniform_(0.5, 1.5)
+        bigram_head(model, seed)
+    return model
+
+
 @lru_cache(maxsize=None)
 def checkpoint(root: str, moe: bool = False, multimodal: bool = False, arch: str = "qwen3_5") -> Path:
     """Saved once per test session under `root`."""
     path = Path(root) / f"{arch}{'_moe' if moe else ''}{'_mm' if multimodal else ''}"
     if not (path / "config.json").is_file():
         model = (hf_model(moe, multimodal) if arch == "qwen3_5" else gpt_oss_model() if arch == "gpt_oss"
-                 else lfm2_model(moe=moe))
+                 else gemma4_model(moe, multimodal) if arch == "gemma4" else lfm2_model(moe=moe))
         model.save_pretrained(path)
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(TOKENIZER / name, path / name)

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "gpt_oss")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
+ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "gpt_oss", "gemma4")
 TARGET_LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "short_conv")
 STATE_LAYER_TYPES = ("sliding_attention", "linear_attention", "short_conv")
 DRAFTER_KINDS = ("dflash", "dflash2", "dspark")
@@ -37,6 +37,9 @@ class RopeConfig:
     mscale: float | None = None
     mscale_all_dim: float | None = None
     truncate: bool = True
+    # proportional (Gemma 4's full layers): the first `partial_rotary_factor` of each half of the head
+    # rotates, at frequencies theta^(-2i/head_dim); the rest pass through
+    partial_rotary_factor: float = 1.0
 
     def __post_init__(self):
         if self.rope_type not in ROPE_TYPES:
@@ -100,8 +103,9 @@ class ShortConvConfig:
         _positive("conv_L_cache", self.conv_kernel)
 
 
-MOE_ROUTERS = ("softmax", "sigmoid", "topk_softmax")
-MOE_ACTIVATIONS = ("silu", "clamped_swiglu")
+MOE_ROUTERS = ("softmax", "sigmoid", "topk_softmax", "gemma4")
+MOE_ACTIVATIONS = ("silu", "clamped_swiglu", "gelu_tanh")
+HIDDEN_ACTS = ("silu", "gelu_tanh")
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,20 @@ class TargetConfig(DecoderDims):
     # every softmax denominator (`sinks`)
     sliding_window: int | None = None
     attention_sinks: bool = False
+    # Gemma 4: full-attention layers' own geometry and RoPE, V = the raw K projection on full layers
+    # (`attention_k_eq_v`), the last `kv_shared_layers` layers reusing the K/V of the last earlier layer of
+    # their type, per-layer embeddings (`per_layer_input_size` > 0), a gelu-tanh MLP twice as wide on the
+    # shared layers (`double_wide_mlp`), final-logit softcapping
+    global_head_dim: int | None = None
+    global_kv_heads: int | None = None
+    global_rope: RopeConfig | None = None
+    attention_k_eq_v: bool = False
+    kv_shared_layers: int = 0
+    per_layer_input_size: int = 0
+    per_layer_vocab_size: int = 0
+    double_wide_mlp: bool = False
+    hidden_act: str = "silu"
+    final_logit_softcapping: float | None = None
 
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
@@ -196,6 +214,20 @@ class TargetConfig(DecoderDims):
             raise ConfigError(f"partial_rotary_factor={self.partial_rotary_factor} with head_dim={self.head_dim} "
                               "must give an even rotary width in (0, head_dim]")
         _positive("max_position_embeddings", self.max_position_embeddings)
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ConfigError(f"hidden_act={self.hidden_act!r} is not supported (supported: {HIDDEN_ACTS})")
+        if not 0 <= self.kv_shared_layers < self.num_layers:
+            raise ConfigError(f"num_kv_shared_layers={self.kv_shared_layers} must be in [0, num_hidden_layers="
+                              f"{self.num_layers})")
+        for i in range(self.num_layers - self.kv_shared_layers, self.num_layers):
+            if self.kv_source(i) is None:
+                raise ConfigError(f"layer {i} shares K/V (num_kv_shared_layers={self.kv_shared_layers}) but no "
+                                  f"earlier layer is {self.layer_type(i)}")
+        for name in ("global_head_dim", "global_kv_heads"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if self.final_logit_softcapping is not None:
+            _positive("final_logit_softcapping", self.final_logit_softcapping)
         if self.moe is not None and self.moe.dense_layers > self.num_layers:
             raise ConfigError(f"num_dense_layers={self.moe.dense_layers} exceeds num_hidden_layers={self.num_layers}")
         if self.num_heads % self.num_kv_heads:
@@ -205,16 +237,44 @@ class TargetConfig(DecoderDims):
     def layer_type(self, layer: int) -> str:
         return self.layer_types[layer] if self.layer_types else "full_attention"
 
+    def kv_shared(self, layer: int) -> bool:
+        """Whether the layer reuses an earlier layer's K/V (Gemma 4's last `num_kv_shared_layers`)."""
+        return layer >= self.num_layers - self.kv_shared_layers
+
+    def kv_source(self, layer: int) -> int | None:
+        """The layer whose K/V this one attends with: itself, or for a shared layer the last non-shared
+        layer of its type (None: there is none)."""
+        if not self.kv_shared(layer):
+            return layer
+        first = self.num_layers - self.kv_shared_layers
+        same = [j for j in range(first) if self.layer_type(j) == self.layer_type(layer)]
+        return same[-1] if same else None
+
+    def kv_geometry(self, layer: int) -> tuple[int, int]:
+        """(kv heads, head dim) of an attention layer: full layers may have their own (Gemma 4)."""
+        if self.layer_type(layer) == "full_attention":
+            heads = self.global_kv_heads if self.attention_k_eq_v and self.global_kv_heads else self.num_kv_heads
+            return heads, self.global_head_dim or self.head_dim
+        return self.num_kv_heads, self.head_dim
+
+    @property
+    def paged_kv_geometry(self) -> tuple[int, int]:
+        """(kv heads, head dim) of the paged layers (full attention), or the model's own."""
+        layers = self.attention_layers
+        return self.kv_geometry(layers[0]) if layers else (self.num_kv_heads, self.head_dim)
+
     @property
     def attention_layers(self) -> list[int]:
-        """Layers with a paged KV cache (full attention; sliding-window layers keep their window as state)."""
-        return [i for i in range(self.num_layers) if self.layer_type(i) == "full_attention"]
+        """Layers with a paged KV cache (full attention that does not reuse another layer's; sliding-window
+        layers keep their window as state)."""
+        return [i for i in range(self.num_layers) if self.layer_type(i) == "full_attention" and not self.kv_shared(i)]
 
     @property
     def state_layers(self) -> list[int]:
         """Layers with a per-sequence state (Gated DeltaNet, short conv, a sliding window's K/V), which
         cannot roll back by length."""
-        return [i for i in range(self.num_layers) if self.layer_type(i) in STATE_LAYER_TYPES]
+        return [i for i in range(self.num_layers)
+                if self.layer_type(i) in STATE_LAYER_TYPES and not self.kv_shared(i)]
 
     @property
     def state_layout(self):
@@ -230,7 +290,8 @@ class TargetConfig(DecoderDims):
             elif kind == "short_conv":
                 windows[i] = (self.short_conv.conv_kernel - 1, self.short_conv.conv_dim)
             else:
-                windows[i] = (self.sliding_window - 1, 2 * self.num_kv_heads * self.head_dim)
+                heads, dim = self.kv_geometry(i)
+                windows[i] = (self.sliding_window - 1, 2 * heads * dim)
         recurrent = tuple(i for i in self.state_layers if self.layer_type(i) == "linear_attention")
         return StateLayout(windows, self.deltanet if recurrent else None, recurrent)
 

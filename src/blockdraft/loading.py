@@ -56,7 +56,8 @@ def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
 
 # tensors a published checkpoint carries that the text decoder does not run, by prefix (after the
 # language-model prefix is removed): the vision tower and the multi-token-prediction head
-SKIPPED_TARGET_PREFIXES = ("model.visual.", "visual.", "mtp.", "model.mtp.")
+SKIPPED_TARGET_PREFIXES = ("model.visual.", "visual.", "mtp.", "model.mtp.", "model.vision_tower.",
+                           "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
 _EXPERT = re.compile(r"^(layers\.\d+\.(?:mlp|feed_forward)\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)"
                      r"\.weight$")
 EXPERT_PROJECTIONS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))   # Qwen's spelling, LFM2's
@@ -86,7 +87,26 @@ def _target_names(tensors: dict[str, torch.Tensor],
         out = _pack_experts(out, cfg.moe.num_experts)
     if cfg.architecture.startswith("lfm2"):
         out = {_lfm2_name(n): t for n, t in out.items()}
+    if cfg.architecture == "gemma4":
+        out = _gemma4_names(out, cfg, skipped)
     return out, skipped
+
+
+GEMMA4_PER_LAYER = ("embed_tokens_per_layer.", "per_layer_model_projection.", "per_layer_projection_norm.")
+_SHARED_KV = re.compile(r"^layers\.(\d+)\.self_attn\.(k_proj|v_proj|k_norm|v_norm)\.")
+
+
+def _gemma4_names(tensors: dict[str, torch.Tensor], cfg: TargetConfig, skipped: dict[str, int]) -> dict[str, torch.Tensor]:
+    """The per-layer-embedding tensors under `per_layer.`; the K/V projections that published checkpoints
+    carry for shared-KV layers, which those layers never run, set aside (and counted)."""
+    out = {}
+    for name, t in tensors.items():
+        m = _SHARED_KV.match(name)
+        if m is not None and cfg.kv_shared(int(m.group(1))):
+            skipped["shared-KV layers' k/v *"] = skipped.get("shared-KV layers' k/v *", 0) + 1
+            continue
+        out["per_layer." + name if name.startswith(GEMMA4_PER_LAYER) else name] = t
+    return out
 
 
 _GPT_OSS_EXPERTS = re.compile(r"^(layers\.\d+\.mlp)\.experts\.(gate_up_proj|down_proj)(_blocks|_scales|_bias|)$")

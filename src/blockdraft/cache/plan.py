@@ -44,7 +44,8 @@ class KVGeometry:
     @classmethod
     def of(cls, cfg, model, num_layers: int | None = None) -> "KVGeometry":
         """The KV geometry of a target or drafter (or of `num_layers` of its layers) in its loaded dtype."""
-        return cls(cfg.num_layers if num_layers is None else num_layers, cfg.num_kv_heads, cfg.head_dim,
+        heads, dim = getattr(cfg, "paged_kv_geometry", (cfg.num_kv_heads, cfg.head_dim))
+        return cls(cfg.num_layers if num_layers is None else num_layers, heads, dim,
                    torch.empty((), dtype=model.dtype).element_size())
 
 

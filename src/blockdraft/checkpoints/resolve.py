@@ -127,6 +127,7 @@ def resolve_rope(cfg: dict) -> RopeConfig:
         beta_fast=float(params.get("beta_fast") or 32.0), beta_slow=float(params.get("beta_slow") or 1.0),
         attention_factor=params.get("attention_factor"), mscale=params.get("mscale"),
         mscale_all_dim=params.get("mscale_all_dim"), truncate=bool(params.get("truncate", True)),
+        partial_rotary_factor=float(params.get("partial_rotary_factor", 1.0)),
     )
 
 
@@ -160,7 +161,7 @@ QWEN3_5_ARCHITECTURES = {
 QWEN3_5_MODEL_TYPES = {"qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5",
                        "qwen3_5_moe": "qwen3_5_moe", "qwen3_5_moe_text": "qwen3_5_moe"}
 SUPPORTED_TARGETS = ("LlamaForCausalLM", "Qwen3ForCausalLM", *QWEN3_5_ARCHITECTURES, "Lfm2ForCausalLM",
-                     "Lfm2MoeForCausalLM", "GptOssForCausalLM")
+                     "Lfm2MoeForCausalLM", "GptOssForCausalLM", "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")
 
 
 def _target_architecture(cfg: dict) -> str:
@@ -179,6 +180,8 @@ def _target_architecture(cfg: dict) -> str:
         return "lfm2_moe"
     if "GptOssForCausalLM" in archs or model_type == "gpt_oss":
         return "gpt_oss"
+    if {"Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"} & set(archs) or model_type in ("gemma4", "gemma4_text"):
+        return "gemma4"
     if model_type in QWEN3_5_MODEL_TYPES:
         return QWEN3_5_MODEL_TYPES[model_type]
     raise ConfigError(f"target architecture {archs or model_type!r} is not supported "
@@ -194,6 +197,8 @@ def resolve_target(cfg: dict) -> TargetConfig:
                           "with --quantization int4|int8)")
     if arch == "gpt_oss":
         return _resolve_gpt_oss(cfg)
+    if arch == "gemma4":
+        return _resolve_gemma4(cfg)
     if arch.startswith("qwen3_5"):
         return _resolve_qwen3_5(cfg, arch)
     if arch.startswith("lfm2"):
@@ -343,6 +348,70 @@ def _resolve_gpt_oss(cfg: dict) -> TargetConfig:
         max_position_embeddings=int(cfg.get("max_position_embeddings", 131072)),
         bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_eos_ids(cfg), layer_types=tuple(types), moe=moe,
         sliding_window=cfg.get("sliding_window", 128), attention_sinks=True,
+    )
+
+
+GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+               "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
+GEMMA4_ACTS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+
+
+def _resolve_gemma4(outer: dict) -> TargetConfig:
+    """transformers' `gemma4` (the text decoder under `text_config`; the vision and audio towers are not
+    run) or `gemma4_text`: 5:1 sliding/full layers (the last full), full layers' own head geometry
+    (`global_head_dim`, or `per_layer_config`), q/k/v norms, k = v on full layers, shared-KV layers,
+    per-layer embeddings, a GeGLU MLP beside optional routed experts, final-logit softcapping."""
+    cfg = dict(outer.get("text_config") or outer)
+    for key in ("tie_word_embeddings", "eos_token_id", "bos_token_id"):
+        if key not in cfg and key in outer:
+            cfg[key] = outer[key]
+    layers = int(_require(cfg, "num_hidden_layers", "target"))
+    act = cfg.get("hidden_activation", cfg.get("hidden_act", "gelu_pytorch_tanh"))
+    if act not in GEMMA4_ACTS:
+        raise ConfigError(f"hidden_activation={act!r} is not supported (supported: {sorted(GEMMA4_ACTS)})")
+    if cfg.get("use_bidirectional_attention") == "all":
+        raise ConfigError("use_bidirectional_attention='all' makes every layer bidirectional: not a causal "
+                          "decoder, so it cannot be decoded token by token")
+    types = cfg.get("layer_types")
+    if types is None:
+        types = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)]
+        types[-1] = "full_attention"
+    if not isinstance(types, list):
+        raise ConfigError(f"layer_types must be a list, got {types!r}")
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    geometry = {}                       # the full layers' geometry: per_layer_config (5.15) or the 5.10 fields
+    for key, value in (cfg.get("per_layer_config") or {}).items():
+        if int(key) not in full:
+            raise ConfigError(f"per_layer_config overrides layer {key}, which is not a full-attention layer")
+        if geometry and value != geometry:
+            raise ConfigError(f"per_layer_config gives full-attention layers different geometry: {geometry} and {value}")
+        geometry = dict(value)
+    global_head_dim = geometry.get("head_dim", cfg.get("global_head_dim", 512 if full else None))
+    k_eq_v = bool(cfg.get("attention_k_eq_v", False))
+    global_kv = geometry.get("num_key_value_heads", cfg.get("num_global_key_value_heads") if k_eq_v else None)
+    rope = dict(GEMMA4_ROPE)
+    rope.update({k: v for k, v in (cfg.get("rope_parameters") or {}).items() if k in rope})
+    ple = int(cfg.get("hidden_size_per_layer_input") or 0)
+    moe = None
+    if cfg.get("enable_moe_block"):
+        moe = MoeConfig(num_experts=int(_require(cfg, "num_experts", "target")),
+                        top_k=int(_require(cfg, "top_k_experts", "target")),
+                        expert_intermediate_size=int(_require(cfg, "moe_intermediate_size", "target")),
+                        router="gemma4", activation="gelu_tanh")
+    cfg.setdefault("head_dim", 256)
+    dims = {**_dims(cfg, "target"), "rope": resolve_rope({"rope_parameters": rope["sliding_attention"]})}
+    return TargetConfig(
+        architecture="gemma4", **dims,
+        global_rope=resolve_rope({"rope_parameters": rope["full_attention"]}),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)), qk_norm=True,
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 131072)),
+        bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_eos_ids(cfg), layer_types=tuple(types), moe=moe,
+        sliding_window=cfg.get("sliding_window", 512), global_head_dim=global_head_dim,
+        global_kv_heads=None if global_kv is None else int(global_kv), attention_k_eq_v=k_eq_v,
+        kv_shared_layers=int(cfg.get("num_kv_shared_layers") or 0), per_layer_input_size=ple,
+        per_layer_vocab_size=int(cfg.get("vocab_size_per_layer_input") or 0) if ple else 0,
+        double_wide_mlp=bool(cfg.get("use_double_wide_mlp", False)), hidden_act="gelu_tanh",
+        final_logit_softcapping=cfg.get("final_logit_softcapping"),
     )
 
 

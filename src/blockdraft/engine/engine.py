@@ -148,7 +148,7 @@ class LLMEngine:
     def _torch_runner(self, target, drafter, full_layers, ring_layers, window) -> ModelRunner:
         """The torch modules' runner, with the paged pools (and a drafter ring) the plan sizes."""
         n, bs, tc = self.plan.num_blocks, self.plan.page_size, target.config
-        target_pool = PagedKVPool(tc.attention_layers, n, bs, tc.num_kv_heads, tc.head_dim, target.dtype,
+        target_pool = PagedKVPool(tc.attention_layers, n, bs, *tc.paged_kv_geometry, target.dtype,
                                   target.device)
         states = None
         if tc.hybrid:

@@ -1,6 +1,8 @@
-"""The SwiGLU feed-forward: down(SiLU(gate(x)) * up(x))."""
+"""The gated feed-forward: down(act(gate(x)) * up(x)), act SiLU (SwiGLU) or tanh-approximated GELU (Gemma)."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 from torch.nn import functional as F
@@ -11,11 +13,16 @@ from .elementwise import lanewise
 from .linear import StableLinear
 
 
-class MLP(DirectCall):
-    """SwiGLU feed-forward (every target family's dense MLP and the drafters')."""
+gelu_tanh = partial(F.gelu, approximate="tanh")
 
-    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+
+class MLP(DirectCall):
+    """Gated feed-forward (every target family's dense MLP and the drafters'): SwiGLU, or GeGLU with
+    `act="gelu_tanh"`."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False, act: str = "silu"):
         super().__init__()
+        self.act = act
         self.gate_proj = StableLinear(hidden, intermediate, bias=bias)
         self.up_proj = StableLinear(hidden, intermediate, bias=bias)
         self.down_proj = StableLinear(intermediate, hidden, bias=bias)
@@ -26,5 +33,7 @@ class MLP(DirectCall):
             gate, up = self.gate_proj(x), self.up_proj(x)
         else:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        if self.act != "silu":
+            return self.down_proj(lanewise(gelu_tanh, gate) * up)
         act = kernels.swiglu(gate, up)          # bf16 CPU inference: the fused layers' SiLU (same bits)
         return self.down_proj(lanewise(F.silu, gate) * up if act is None else act)

@@ -22,7 +22,7 @@ from ..config import MoeConfig
 from .direct import DirectCall
 from .elementwise import lanewise
 from .linear import StableLinear, stable_linear
-from .mlp import MLP
+from .mlp import MLP, gelu_tanh
 
 
 class Router(nn.Module):
@@ -87,20 +87,29 @@ class SparseMoe(DirectCall):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])                                          # [n, H]
         weights, ids = self.route(flat)                                          # [n, k]
-        out = torch.zeros_like(flat)
-        ex, m = self.experts, self.cfg
-        for e in torch.unique(ids).tolist():                                     # ascending expert ids
-            token, slot = torch.where(ids == e)
-            gate_up = stable_linear(flat[token], ex.gate_up_proj[e], None if ex.gate_up_proj_bias is None
-                                    else ex.gate_up_proj_bias[e])
-            gate, up = gate_up.chunk(2, dim=-1)
-            act = (lanewise(F.silu, gate) * up if m.activation == "silu"
-                   else clamped_swiglu(gate, up, m.swiglu_limit))
-            y = stable_linear(act, ex.down_proj[e], None if ex.down_proj_bias is None else ex.down_proj_bias[e])
-            out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
+        out = mix_experts(flat, weights, ids, self.experts, self.cfg)
         if self.cfg.shared_intermediate_size:
             out = out + lanewise(torch.sigmoid, self.shared_expert_gate(flat)) * self.shared_expert(flat)
         return out.view(shape)
+
+
+def mix_experts(flat: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ex: Experts, m: MoeConfig) -> torch.Tensor:
+    """Σ_k weights[:, k] · expert_{ids[:, k]}(flat) for flat [n, H], summed per token in ascending expert order."""
+    out = torch.zeros_like(flat)
+    for e in torch.unique(ids).tolist():                                         # ascending expert ids
+        token, slot = torch.where(ids == e)
+        gate_up = stable_linear(flat[token], ex.gate_up_proj[e], None if ex.gate_up_proj_bias is None
+                                else ex.gate_up_proj_bias[e])
+        gate, up = gate_up.chunk(2, dim=-1)
+        if m.activation == "silu":
+            act = lanewise(F.silu, gate) * up
+        elif m.activation == "gelu_tanh":
+            act = lanewise(gelu_tanh, gate) * up
+        else:
+            act = clamped_swiglu(gate, up, m.swiglu_limit)
+        y = stable_linear(act, ex.down_proj[e], None if ex.down_proj_bias is None else ex.down_proj_bias[e])
+        out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
+    return out
 
 
 def feed_forward(cfg, layer: int) -> nn.Module:
@@ -108,4 +117,4 @@ def feed_forward(cfg, layer: int) -> nn.Module:
     first `dense_layers` layers)."""
     if cfg.sparse_layer(layer):
         return SparseMoe(cfg.hidden_size, cfg.moe)
-    return MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+    return MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.hidden_act)

@@ -1,6 +1,6 @@
 """Rotary position embeddings (NeoX half-split layout), with the scalings HF configs use.
 
-Supported `rope_type`s: `default`, `linear`, `llama3`, `yarn`. The inverse
+Supported `rope_type`s: `default`, `linear`, `llama3`, `yarn`, `proportional` (Gemma 4). The inverse
 frequencies follow transformers' `modeling_rope_utils` so that logits match it;
 cos/sin are computed in fp32 at absolute positions and cast to the activation dtype.
 """
@@ -27,6 +27,10 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, 
         return _llama3(inv_freq, rope), 1.0
     if rope.rope_type == "yarn":
         return _yarn(rope, dim)
+    if rope.rope_type == "proportional":       # Gemma 4: only the first factor of each half rotates
+        rotated = int(rope.partial_rotary_factor * dim // 2)
+        inv_freq[rotated:] = 0.0               # cos 1, sin 0: those dims pass through unchanged
+        return inv_freq / rope.factor, 1.0
     raise AssertionError(rope.rope_type)  # RopeConfig validates the type
 
 

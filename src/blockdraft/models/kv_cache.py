@@ -23,10 +23,12 @@ class KVCache:
     rows (the state replayed as `StatePool.commit` does), and may not go below its start."""
 
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu", capacity: int = 256, states=None):
-        shape = (batch, num_kv_heads, capacity, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+                 dtype: torch.dtype, device: torch.device | str = "cpu", capacity: int = 256, states=None,
+                 geometry: list[tuple[int, int]] | None = None):
+        """`geometry`: (kv heads, head dim) per layer where layers differ (Gemma 4's full layers)."""
+        shapes = [(batch, h, capacity, d) for h, d in (geometry or [(num_kv_heads, head_dim)] * num_layers)]
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]
         self.length = 0  # tokens whose K/V are committed
         self.states = states
         self._pending = None  # (start, rows, StateStep) of the last forward, until truncate commits it

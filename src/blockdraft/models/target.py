@@ -28,6 +28,7 @@ from ..layers.moe import feed_forward
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary, apply_rope
 from .kv_cache import KVCache
+from .gemma4 import Gemma4Layer, PerLayerEmbeddings, TypedRotary
 from .lfm2 import ShortConvLayer
 from .qwen3_5 import HybridDecoderLayer, OffsetRMSNorm
 
@@ -122,6 +123,11 @@ class TargetModel(nn.Module):
         if cfg.architecture.startswith("qwen3_5"):
             self.layers = nn.ModuleList(HybridDecoderLayer(cfg, i) for i in range(cfg.num_layers))
             self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        elif cfg.architecture == "gemma4":
+            self.layers = nn.ModuleList(Gemma4Layer(cfg, i) for i in range(cfg.num_layers))
+            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            if cfg.per_layer_input_size:
+                self.per_layer = PerLayerEmbeddings(cfg)
         elif cfg.architecture.startswith("lfm2"):
             self.layers = nn.ModuleList(
                 ShortConvLayer(cfg, feed_forward(cfg, i)) if cfg.layer_type(i) == "short_conv"
@@ -131,7 +137,7 @@ class TargetModel(nn.Module):
             self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = StableLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = Rotary(cfg.rope, cfg.rotary_dim)
+        self.rotary = TypedRotary(cfg) if cfg.architecture == "gemma4" else Rotary(cfg.rope, cfg.rotary_dim)
         self.fused: kernels.LayerStack | None = None   # set by `layers/quant.py` where the CPU kernels take every layer
 
     def tie_weights(self) -> None:
@@ -155,7 +161,8 @@ class TargetModel(nn.Module):
             states = StatePool(c.state_layout, batch, self.dtype, self.device)
             for _ in range(batch):
                 states.acquire()
-        return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.dtype, self.device, capacity, states)
+        return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.dtype, self.device, capacity, states,
+                       [c.kv_geometry(i) for i in range(c.num_layers)])
 
     def forward(self, input_ids: torch.Tensor, cache=None, tap_layers: Taps | tuple[int, ...] = (),
                 logits_rows: int | None = None, logits_at: torch.Tensor | None = None) -> TargetOutput:
@@ -172,7 +179,7 @@ class TargetModel(nn.Module):
         cos, sin = self.rotary.cos_sin(step.positions, self.dtype)
         spec = tap_layers if isinstance(tap_layers, Taps) else Taps(tuple(tap_layers))
         tap_layers = spec.layers
-        x = self.embed_tokens(input_ids)
+        x = self.embed(input_ids, step)
         taps = {}
         last = len(self.layers) - 1
         kv = step.kernel_kv() if self.fused is not None and hasattr(step, "kernel_kv") else None
@@ -193,7 +200,23 @@ class TargetModel(nn.Module):
         if logits_at is not None:
             x = x[torch.arange(b, device=x.device), logits_at][:, None]
         packed = torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None
-        return TargetOutput(self.lm_head(x), packed, hidden)
+        logits = self.lm_head(x)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:                                   # Gemma: cap · tanh(logits / cap)
+            logits = torch.tanh(logits / cap) * cap
+        return TargetOutput(logits, packed, hidden)
+
+    def embed(self, input_ids: torch.Tensor, step) -> torch.Tensor:
+        """The token embeddings the first layer reads [b, t, H]. Gemma 4 scales them by √H (rounded to
+        the weights' dtype, as transformers does), hands the step its per-layer inputs, and gives the
+        step a place for the K/V its shared layers reuse."""
+        x = self.embed_tokens(input_ids)
+        if self.config.architecture == "gemma4":
+            x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
+            step.shared_kv = {}
+            if self.config.per_layer_input_size:
+                step.per_layer_inputs = self.per_layer(input_ids, x)
+        return x
 
     @torch.inference_mode()
     def logits(self, input_ids) -> torch.Tensor:

@@ -1,0 +1,105 @@
+"""Gemma 4 targets (transformers `gemma4`, `gemma4_text`): per-layer head geometry, k = v, shared-KV
+layers, per-layer embeddings, softcapping and the MoE variant, with sliding-window layers on the per-
+sequence state interface — against transformers, rolled back across the window edge, lossless in the engine."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import hybrid_models as hm
+from decode_oracle import generate_cache_free
+from blockdraft.engine.engine import EngineConfig, LLMEngine
+from blockdraft.errors import CheckpointError, ConfigError
+from blockdraft.loading import load_drafter, load_target
+from blockdraft.sampling.params import SamplingParams
+
+PROMPT = torch.tensor([[5, 17, 3, 88, 41, 9, 60, 2, 33, 71, 12]])     # 11 tokens > window 4
+
+
+def checkpoint(root, moe=False, multimodal=False):
+    return hm.checkpoint(str(root), moe, multimodal, arch="gemma4")
+
+
+@pytest.mark.parametrize("moe, multimodal", [(False, False), (True, False), (True, True)],
+                         ids=["dense", "moe", "moe-multimodal"])
+def test_logits_and_greedy_match_transformers(hybrid_root, moe, multimodal):
+    hf = hm.gemma4_model(moe, multimodal)
+    ours = load_target(checkpoint(hybrid_root, moe, multimodal), dtype="float32")
+    c = ours.config
+    assert c.attention_layers == [2] and c.state_layers == [0, 1, 3, 4]     # layers 5-7 reuse 2 and 4
+    assert [c.kv_source(i) for i in (5, 6, 7)] == [2, 4, 2] and c.kv_geometry(2) == ((1, 32) if moe else (2, 32))
+    if multimodal:
+        assert set(ours.skipped_tensors) >= {"model.vision_tower.*", "model.audio_tower.*"}
+    with torch.no_grad():
+        generated = hf.generate(PROMPT, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+        ref = hf(generated).logits
+    assert (ours.logits(generated) - ref).abs().max().item() <= 1e-4
+    assert hm.greedy_with_cache(ours, PROMPT, 16) == generated[0].tolist()
+
+
+def test_published_shared_layer_kv_tensors_are_set_aside(hybrid_root, tmp_path):
+    """Published E2B/E4B files carry k/v projections for the shared-KV layers, which never run them."""
+    dst = tmp_path / "published"
+    shutil.copytree(checkpoint(hybrid_root), dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    for i in (5, 6, 7):
+        tensors[f"model.layers.{i}.self_attn.k_proj.weight"] = torch.zeros(32, 64)
+        tensors[f"model.layers.{i}.self_attn.k_norm.weight"] = torch.ones(16)
+    save_file(tensors, str(dst / "model.safetensors"))
+    ours = load_target(dst, dtype="float32")
+    assert ours.skipped_tensors == {"shared-KV layers' k/v *": 6}
+    assert torch.equal(ours.logits(PROMPT), load_target(checkpoint(hybrid_root), dtype="float32").logits(PROMPT))
+
+
+def test_rollback_across_the_window_edge_is_bitwise(hybrid_root):
+    target = load_target(checkpoint(hybrid_root, True), dtype="bfloat16")
+    hm.check_rollback(target, PROMPT[:, :9], torch.tensor([[11, 40, 3, 90, 27, 6]]))
+
+
+@pytest.mark.parametrize("moe, quantization", [(True, "none"), (False, "int4")], ids=["moe-bf16", "dense-int4"])
+def test_speculative_equals_plain_and_the_cache_free_loop(hybrid_root, moe, quantization):
+    target = load_target(checkpoint(hybrid_root, moe), dtype="bfloat16", quantization=quantization)
+    drafter = load_drafter(hm.trained_drafter_dir(str(hybrid_root), "dspark", moe, "gemma4"), target)
+    prompts = hm.prompts(8, seed=21, low=3, high=40)
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    config = EngineConfig(max_batch=8, cache_budget_bytes=4 << 20, max_model_len=128, adaptive_speculation=False)
+    plain = LLMEngine(target, None, config).generate(prompts, params)
+    spec = LLMEngine(target, drafter, config).generate(prompts, params)
+    als = [a for o in spec for a in o.acceptance_lengths]
+    assert 1 < sum(als) / len(als) < drafter.config.num_draft_tokens + 1, "drafts must be partly accepted"
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    one = LLMEngine(target, drafter, EngineConfig(max_batch=1, cache_budget_bytes=4 << 20, max_model_len=128,
+                                                  adaptive_speculation=False)).generate(prompts[:2], params)
+    assert [o.token_ids for o in one] == [o.token_ids for o in plain[:2]]
+    for p, o in list(zip(prompts, spec))[:2]:
+        oracle = generate_cache_free(target, p, params.max_tokens, drafter)
+        assert (o.token_ids, o.acceptance_lengths) == (oracle.token_ids, oracle.acceptance_lengths)
+
+
+def _edited(root, tmp_path, edit):
+    dst = tmp_path / "bad"
+    shutil.copytree(checkpoint(root), dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    edit(cfg, dst)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_malformed_checkpoints_are_named_errors(hybrid_root, tmp_path):
+    with pytest.raises(ConfigError, match="use_bidirectional_attention='all'"):
+        load_target(_edited(hybrid_root, tmp_path / "a", lambda c, d: c.update(use_bidirectional_attention="all")))
+    with pytest.raises(ConfigError, match=r"num_kv_shared_layers=8 must be in \[0, num_hidden_layers=8\)"):
+        load_target(_edited(hybrid_root, tmp_path / "b", lambda c, d: c.update(num_kv_shared_layers=8)))
+    with pytest.raises(ConfigError, match="per_layer_config overrides layer 01, which is not a full-attention layer"):
+        load_target(_edited(hybrid_root, tmp_path / "c",
+                            lambda c, d: c.update(per_layer_config={"01": {"head_dim": 32}})))
+
+    def drop(cfg, d):
+        tensors = load_file(str(d / "model.safetensors"))
+        del tensors["model.layers.3.layer_scalar"]
+        save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"missing tensors \['layers.3.layer_scalar'\]"):
+        load_target(_edited(hybrid_root, tmp_path / "d", drop))
