@@ -370,6 +370,10 @@ class DrafterConfig(DecoderDims):
     # RoPE trained on interleaved (GPT-J) pairs; run as NeoX on reordered q/k weights
     # (`checkpoints/rope_layout.py`)
     rope_interleaved: bool = False
+    # DeepSpec's Gemma 4 DSpark: Gemma-style blocks (sandwich norms, GeGLU MLP, layer scalars, a gain-less
+    # V norm, attention scale 1.0, V = K where `attention_k_eq_v`) and its own embedding scaled by √H
+    gemma_blocks: bool = False
+    attention_k_eq_v: bool = False
 
     @property
     def taps(self) -> "Taps":

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..config import DrafterConfig, default_tap_point
+from ..errors import ConfigError
 from .rope_layout import reorder_rotated
 from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
@@ -94,6 +95,9 @@ def published_config(cfg: DrafterConfig, target: TargetModel) -> dict:
 
 
 def save_drafter(drafter: BlockDrafter, target: TargetModel, out_dir: str | Path) -> Path:
+    if drafter.config.gemma_blocks:
+        raise ConfigError("saving a drafter with Gemma blocks (DeepSpec's Gemma4DSparkModel) is not supported: "
+                          "the layouts written here are z-lab's and DeepSpec's Qwen3 ones")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = {}

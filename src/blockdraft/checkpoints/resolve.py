@@ -473,6 +473,9 @@ def resolve_drafter(cfg: dict, tensor_shapes: dict[str, tuple[int, ...]], mode: 
         merged["runtime"] = section
     kind = _resolve_kind(merged, tensor_shapes, mode)
     dims = _dims(cfg, "drafter")
+    gemma = _gemma_drafter(cfg)
+    if gemma:
+        dims.update(gemma)
 
     def field(name: str, default: Any = _MISSING) -> Any:
         value = read_field(merged, name)
@@ -515,7 +518,34 @@ def resolve_drafter(cfg: dict, tensor_shapes: dict[str, tuple[int, ...]], mode: 
         tap_point=str(field("tap_point", default_tap_point(kind))),
         draft_vocab_size=_draft_vocab_size(merged, tensor_shapes, dims["vocab_size"]),
         rope_interleaved=_rope_interleaved(cfg),
+        gemma_blocks=bool(gemma), attention_k_eq_v=bool(gemma) and bool(cfg.get("attention_k_eq_v", False)),
     )
+
+
+def _gemma_drafter(cfg: dict) -> dict:
+    """DeepSpec's Gemma 4 DSpark (`Gemma4DSparkModel`, a copy of the target's Gemma 4 text config): every
+    drafter layer takes the target's full-attention geometry and RoPE — `global_head_dim` (or 5.15's
+    `per_layer_config`), `num_global_key_value_heads` where `attention_k_eq_v`, the `full_attention`
+    rope parameters. {} for any other drafter."""
+    archs = cfg.get("architectures") or []
+    if not (any(a.startswith("Gemma4") for a in archs) or str(cfg.get("model_type", "")).startswith("gemma4")):
+        return {}
+    act = cfg.get("hidden_activation", cfg.get("hidden_act", "gelu_pytorch_tanh"))
+    if act not in GEMMA4_ACTS:
+        raise ConfigError(f"drafter hidden_activation={act!r} is not supported (supported: {sorted(GEMMA4_ACTS)})")
+    overrides = list((cfg.get("per_layer_config") or {}).values())
+    if any(o != overrides[0] for o in overrides):
+        raise ConfigError(f"drafter per_layer_config gives its layers different geometry: {overrides}")
+    geometry = overrides[0] if overrides else {}
+    k_eq_v = bool(cfg.get("attention_k_eq_v", False))
+    head_dim = geometry.get("head_dim", cfg.get("global_head_dim", cfg.get("head_dim")))
+    kv = geometry.get("num_key_value_heads", cfg.get("num_global_key_value_heads") if k_eq_v else None)
+    rope = cfg.get("rope_parameters") or {}
+    rope = rope.get("full_attention", GEMMA4_ROPE["full_attention"]) if "rope_type" not in rope else rope
+    out = {"head_dim": int(head_dim), "rope": resolve_rope({"rope_parameters": rope})}
+    if kv is not None:
+        out["num_kv_heads"] = int(kv)
+    return out
 
 
 def _rope_interleaved(cfg: dict) -> bool:

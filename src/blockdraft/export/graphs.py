@@ -67,7 +67,7 @@ class DrafterGraph(nn.Module):
                 source = torch.cat([flat, ctx])[qkv_row_map.long()]                   # [T, D] K/V rows
                 k, v = step.kv(i, *attn.context_kv(source[None], cos_kv, sin_kv))     # the pages, written
                 q = attn.queries(flat[None], cos_q, sin_q)                            # [1, h, NB·B, d]
-                return attn.o_proj(attend(q, k, v, visible, attn.head_dim ** -0.5)).view(h.shape)
+                return attn.o_proj(attend(q, k, v, visible, attn.scale)).view(h.shape)
 
             x = layer(x, paged_attention)
         hidden = d.norm(x)                                                            # [NB, B, D]

@@ -20,7 +20,7 @@ from ..errors import ConfigError
 from ..cache.views import causal_visibility
 from ..layers.attention import attend
 from ..layers.linear import StableLinear, fp32_weight
-from ..layers.norm import RMSNorm
+from ..layers.norm import RMSNorm, rms_normalized
 from ..layers.rope import Rotary, apply_rope
 from ..layers.vocab import FULL
 from .kv_cache import KVCache
@@ -29,7 +29,8 @@ from .target import TargetModel
 
 
 class InjectedAttention(nn.Module):
-    """Block queries over [context K/V from the cache ‖ block K/V]; Qwen3 q/k norms, RoPE by position."""
+    """Block queries over [context K/V from the cache ‖ block K/V]; Qwen3 q/k norms, RoPE by position.
+    Gemma blocks: a gain-less norm on V, scale 1.0, and V = the raw K projection where `attention_k_eq_v`."""
 
     def __init__(self, cfg: DrafterConfig, layer: int):
         super().__init__()
@@ -40,10 +41,13 @@ class InjectedAttention(nn.Module):
         bias = cfg.attention_bias
         self.q_proj = StableLinear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
         self.k_proj = StableLinear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.v_proj = StableLinear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.v_proj = (None if cfg.attention_k_eq_v
+                       else StableLinear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias))
         self.o_proj = StableLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.v_norm_eps = cfg.rms_norm_eps if cfg.gemma_blocks else None
+        self.scale = 1.0 if cfg.gemma_blocks else cfg.head_dim ** -0.5
 
     def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int) -> torch.Tensor:
         b, t, _ = x.shape
@@ -51,8 +55,12 @@ class InjectedAttention(nn.Module):
 
     def context_kv(self, ctx: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """Projected context rows [b, n, D] -> K, V [b, hkv, n, d] (k_norm, then RoPE; no input norm)."""
-        k = apply_rope(self.k_norm(self._heads(ctx, self.k_proj, self.num_kv_heads)).transpose(1, 2), cos, sin)
-        return k, self._heads(ctx, self.v_proj, self.num_kv_heads).transpose(1, 2)
+        raw = self._heads(ctx, self.k_proj, self.num_kv_heads)
+        k = apply_rope(self.k_norm(raw).transpose(1, 2), cos, sin)
+        v = raw if self.v_proj is None else self._heads(ctx, self.v_proj, self.num_kv_heads)
+        if self.v_norm_eps is not None:
+            v = rms_normalized(v, self.v_norm_eps).to(v.dtype)
+        return k, v.transpose(1, 2)
 
     def queries(self, x: torch.Tensor, cos, sin) -> torch.Tensor:
         """Block rows [b, t, D] -> Q [b, h, t, d] (q_norm, then RoPE)."""
@@ -61,7 +69,7 @@ class InjectedAttention(nn.Module):
     def forward(self, x, cos, sin, ctx_k, ctx_v, visible) -> torch.Tensor:
         k, v = self.context_kv(x, cos, sin)
         k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
-        return self.o_proj(attend(self.queries(x, cos, sin), k, v, visible, self.head_dim ** -0.5))
+        return self.o_proj(attend(self.queries(x, cos, sin), k, v, visible, self.scale))
 
 
 class GroupedCausalConv(nn.Module):
@@ -98,12 +106,21 @@ class GroupedCausalConv(nn.Module):
 
 
 class DrafterLayer(nn.Module):
+    """Qwen3-style pre-norm layer; with `gemma_blocks`, Gemma's: the attention and MLP outputs normed
+    before their residual adds (post_attention / pre- and post_feedforward norms), a GeGLU MLP, and the
+    layer's output scaled by its `layer_scalar`."""
+
     def __init__(self, cfg: DrafterConfig, layer: int):
         super().__init__()
         self.self_attn = InjectedAttention(cfg, layer)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.gemma = cfg.gemma_blocks
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, act="gelu_tanh" if self.gemma else "silu")
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if self.gemma:
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.register_buffer("layer_scalar", torch.ones(1))
         self.causal, self.window = cfg.layer_is_causal(layer), cfg.layer_window(layer)
         if cfg.kind == "dflash2":
             self.attention_conv = GroupedCausalConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
@@ -123,6 +140,10 @@ class DrafterLayer(nn.Module):
     def forward(self, x, attention):
         """x [b, rows, D]; `attention(self_attn, h)` runs this layer's attention for the normed rows h
         over whatever context the caller holds (a `ContextRead`, or an exported graph's pages)."""
+        if self.gemma:
+            x = x + self.post_attention_layernorm(attention(self.self_attn, self.input_layernorm(x)))
+            x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+            return x * self.layer_scalar
         h = self.input_layernorm(x)
         if self.attention_conv is not None:
             h, kernel = self.attention_conv.prepare(h)
@@ -224,7 +245,10 @@ class BlockDrafter(nn.Module):
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.config.own_embed_tokens:
-            return self.embed_tokens(ids)
+            x = self.embed_tokens(ids)
+            if self.config.gemma_blocks:                 # √H, rounded to the weights' dtype as Gemma does
+                x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
+            return x
         return self.shared.embed_tokens(ids) * self.config.input_embedding_scale
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
