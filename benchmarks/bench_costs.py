@@ -1,19 +1,19 @@
 """Step cost per row count, per numerics, in one run: what the draft-width policy trades off.
 
-    python benchmarks/bench_costs.py [--context 300] [--repeats 7] [--threads 1] [--models smollm2,qwen3.5,lfm2,lfm2-moe]
+    python benchmarks/bench_costs.py [--context 300] [--repeats 7] [--threads 1] [--models smollm2,qwen3.5,lfm2,lfm2-moe,gpt-oss,gemma4-moe]
 
 Target: one SmolLM2 pass over R new rows (R = 1, 2, 4, 8, 9, 16) after a `--context`-token
 prefill, in bf16 with the row-invariant kernels (what ships), bf16 with plain SDPA/F.linear
 (not row-invariant: for comparison), fp32, and weight-only int8 / int4 (bf16 activations).
 Drafter: one block pass of each shipped drafter (context already written) in bf16 and in int4 (its
 target's numerics: what the default command runs), logits over the first R rows.
-Family-shaped targets (`shaped_configs`: random Qwen3.5, LFM2 and LFM2-MoE shapes) in bf16 and int4: one pass
-over R rows plus the state commit, once keeping every row and once keeping half of them (a rejection's
-rollback: the DeltaNet state replayed over the kept rows, the conv state gathered). For the MoE shape the
-R rows read up to R x top-k distinct experts: what verifying a block costs there.
+Family-shaped targets (`shaped_configs`: random Qwen3.5, LFM2, LFM2-MoE, gpt-oss and Gemma 4 MoE shapes) in
+bf16 and int4: one pass over R rows plus the state commit, once keeping every row and once keeping half of them (a rejection's
+rollback: the DeltaNet state replayed over the kept rows, the conv rows and sliding windows gathered). For the
+MoE shapes the R rows read up to R x top-k distinct experts: what verifying a block costs there.
 Medians of `--repeats`; every configuration is timed in the same process, interleaved by repeat.
-Writes benchmarks/results/costs.json and docs/costs.png (family shapes alone: costs_<families>.*, e.g.
-`--models qwen3.5` -> costs_qwen3_5.*).
+Writes benchmarks/results/costs.json and docs/costs.png (`--models qwen3.5` alone: costs_qwen3_5.*; other
+family shapes without smollm2: costs_families.*).
 """
 
 from __future__ import annotations
@@ -39,8 +39,11 @@ def shaped_configs() -> dict:
     """Random models with a published family's layer pattern and head geometry (no checkpoint ships):
     Qwen3.5 at a small width (18 Gated DeltaNet + 6 gated-attention layers); LFM2-1.2B as published
     (10 short-conv + 6 attention layers); LFM2-8B-A1B's MoE (32 experts, top-4, sigmoid router, 2 dense
-    layers) at half its width and depth, so that it fits beside the others in memory."""
-    from blockdraft.config import DeltaNetConfig, MoeConfig, ShortConvConfig, TargetConfig
+    layers) at half its width and depth, so that it fits beside the others in memory; gpt-oss-20b's MoE (32
+    experts, top-4, biases, clamped SwiGLU; sliding window 128 on every other layer, sinks) at 1024 wide and
+    8 deep; Gemma 4 26B-A4B's (128 experts, top-8 beside a GeGLU MLP; 5:1 sliding/full, full layers with
+    their own head geometry and V = K) at 1024 wide and 12 deep."""
+    from blockdraft.config import DeltaNetConfig, MoeConfig, RopeConfig, ShortConvConfig, TargetConfig
     lfm2_full = (2, 5, 8, 10, 12, 14)
     return {
         "qwen3.5": TargetConfig(
@@ -61,6 +64,21 @@ def shaped_configs() -> dict:
             short_conv=ShortConvConfig(conv_dim=1024, conv_kernel=3),
             moe=MoeConfig(num_experts=32, top_k=4, expert_intermediate_size=896, router="sigmoid",
                           expert_bias=True, dense_layers=2)),
+        "gpt-oss": TargetConfig(
+            architecture="gpt_oss", vocab_size=65536, hidden_size=1024, intermediate_size=1024, num_layers=8,
+            num_heads=16, num_kv_heads=4, head_dim=64, max_position_embeddings=4096, attention_bias=True,
+            layer_types=("sliding_attention", "full_attention") * 4, sliding_window=128, attention_sinks=True,
+            moe=MoeConfig(num_experts=32, top_k=4, expert_intermediate_size=1024, router="topk_softmax",
+                          biases=True, activation="clamped_swiglu")),
+        "gemma4-moe": TargetConfig(
+            architecture="gemma4", vocab_size=65536, hidden_size=1024, intermediate_size=768, num_layers=12,
+            num_heads=8, num_kv_heads=4, head_dim=128, max_position_embeddings=4096, qk_norm=True,
+            tie_word_embeddings=True, layer_types=_layer_types(12, 6, "sliding_attention"), sliding_window=128,
+            global_head_dim=256, global_kv_heads=2, attention_k_eq_v=True, hidden_act="gelu_tanh",
+            global_rope=RopeConfig(theta=1e6, rope_type="proportional", partial_rotary_factor=0.25),
+            final_logit_softcapping=30.0,
+            moe=MoeConfig(num_experts=128, top_k=8, expert_intermediate_size=256, router="gemma4",
+                          activation="gelu_tanh")),
     }
 
 
@@ -83,7 +101,7 @@ def shaped(cfg):
 def hybrid_step(t, cache, ids: torch.Tensor, context: int, keep: int) -> float:
     """Time one pass over ids plus the commit of `keep` rows; then put the state and length back."""
     pool = cache.states
-    state = [*pool.conv.values(), *pool.rec.values()]
+    state = [*pool.windows.values(), *pool.rec.values()]
     saved = [x.clone() for x in state]
     t0 = time.perf_counter()
     t(ids, cache)
@@ -101,7 +119,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", default="smollm2,qwen3.5", help="smollm2 (every numerics, drafters), and the "
-                    "family-shaped random targets: qwen3.5, lfm2, lfm2-moe")
+                    "family-shaped random targets: qwen3.5, lfm2, lfm2-moe, gpt-oss, gemma4-moe")
     args = ap.parse_args()
     models = set(args.models.split(","))
     torch.set_num_threads(args.threads)
@@ -186,9 +204,8 @@ def main() -> int:
               "cpu_native_bf16": native_bf16(), "amx": "amx_bf16" in cpu_flags(),
               "ms": {n: {r: 1e3 * statistics.median(v) for r, v in per.items()} for n, per in times.items()}}
     report["ratio_vs_1_row"] = {n: {r: v / per[1] for r, v in per.items()} for n, per in report["ms"].items()}
-    # the family-shaped targets alone get their own files: costs_qwen3_5, costs_lfm2_lfm2_moe, ...
-    name = "costs" if "smollm2" in models else "costs_" + "_".join(
-        m.replace(".", "_").replace("-", "_") for m in args.models.split(","))
+    # the family-shaped targets alone get their own files: Qwen3.5's, and the others'
+    name = "costs" if "smollm2" in models else "costs_qwen3_5" if models == {"qwen3.5"} else "costs_families"
     write_results(name, report)
     print(json.dumps(report["ms"], indent=1))
     if made := new_figure(figsize=(7, 3.8)):

@@ -32,12 +32,12 @@ def one(pool: StatePool, batch: int, rows: int, keep: int, cfg: DeltaNetConfig) 
     k = torch.randn(batch, rows, h, dk, generator=g) * 0.05
     v = torch.randn(batch, rows, h, dv, generator=g)
     gate, beta = -torch.rand(batch, rows, h, generator=g), torch.rand(batch, rows, h, generator=g)
-    conv_in = torch.randn(batch, rows, cfg.conv_dim, generator=g).to(torch.bfloat16)
+    rows_in = torch.randn(batch, rows, cfg.conv_dim, generator=g).to(torch.bfloat16)
     slots = list(range(batch))
     t0 = time.perf_counter()
     step = pool.begin(slots, [rows] * batch)
     _, final, per_row = delta_rule(step.rec[0], q, k, v, gate, beta, None, step.keep_states)
-    step.record(0, LayerRecord(conv_in, q, k, v, gate, beta, final, per_row))
+    step.record(0, LayerRecord(rows_in, q, k, v, gate, beta, final, per_row))
     pool.commit(step, slots, [keep] * batch)
     return time.perf_counter() - t0
 

@@ -108,7 +108,7 @@ def check_rollback(target, prompt: torch.Tensor, block: torch.Tensor) -> None:
         target(torch.cat([prompt, block[:, :keep]], dim=1), fresh)
         fresh.truncate(prompt.shape[1] + keep)
         for i in spec.states.layers:
-            assert torch.equal(spec.states.conv[i], fresh.states.conv[i]), f"layer {i}, keep={keep}"
+            assert torch.equal(spec.states.windows[i], fresh.states.windows[i]), f"layer {i}, keep={keep}"
         nxt = torch.tensor([[50]])
         assert torch.equal(target(nxt, spec).logits, target(nxt, fresh).logits), f"keep={keep}"
 

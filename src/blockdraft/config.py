@@ -12,6 +12,7 @@ from .errors import ConfigError
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
 ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "gpt_oss", "gemma4")
+DENSE_ARCHITECTURES = ("llama", "qwen3")        # what tensor parallelism and the ONNX export take
 TARGET_LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "short_conv")
 STATE_LAYER_TYPES = ("sliding_attention", "linear_attention", "short_conv")
 DRAFTER_KINDS = ("dflash", "dflash2", "dspark")
@@ -112,10 +113,11 @@ HIDDEN_ACTS = ("silu", "gelu_tanh")
 class MoeConfig:
     """A sparse MoE feed-forward. Routers: "softmax" (Qwen3.5-MoE: softmax over all experts, top-k,
     renormalised), "sigmoid" (LFM2-MoE: sigmoid scores, top-k chosen on score + a per-expert bias,
-    the chosen scores renormalised) or "topk_softmax" (gpt-oss: top-k of the logits, softmax over
-    those k). The top-k weights are then scaled by `routed_scaling`. `biases`: the router and the
-    experts' projections carry biases (gpt-oss). Activations: SwiGLU ("silu") or gpt-oss's clamped
-    one, (clamp(up, ±L) + 1) · g · sigmoid(1.702 g) with g = min(gate, L), L = `swiglu_limit`.
+    the chosen scores renormalised), "topk_softmax" (gpt-oss: top-k of the logits, softmax over
+    those k) or "gemma4" (`models/gemma4.py`: softmax over a normed and scaled copy of the stream,
+    top-k renormalised, per-expert scales). The top-k weights are then scaled by `routed_scaling`. `biases`: the router and the
+    experts' projections carry biases (gpt-oss). Activations: SwiGLU ("silu"), GeGLU ("gelu_tanh",
+    Gemma 4) or gpt-oss's clamped one, (clamp(up, ±L) + 1) · g · sigmoid(1.702 g) with g = min(gate, L), L = `swiglu_limit`.
     A shared expert (sigmoid-gated, Qwen3.5) where `shared_intermediate_size` > 0; the first
     `dense_layers` layers run a dense MLP instead (LFM2-MoE's `num_dense_layers`)."""
 
@@ -150,7 +152,8 @@ class MoeConfig:
 @dataclass(frozen=True)
 class TargetConfig(DecoderDims):
     """A decoder-only target: Llama, Qwen3, Qwen3.5 (hybrid Gated DeltaNet + gated attention, dense or
-    MoE), or LFM2 (short conv + attention, dense or MoE)."""
+    MoE), LFM2 (short conv + attention, dense or MoE), gpt-oss (sliding-window and full attention with
+    sinks, MoE) or Gemma 4 (sliding-window and full attention, shared KV, per-layer embeddings, dense or MoE)."""
 
     architecture: str
     rms_norm_eps: float = 1e-6
@@ -253,8 +256,7 @@ class TargetConfig(DecoderDims):
     def kv_geometry(self, layer: int) -> tuple[int, int]:
         """(kv heads, head dim) of an attention layer: full layers may have their own (Gemma 4)."""
         if self.layer_type(layer) == "full_attention":
-            heads = self.global_kv_heads if self.attention_k_eq_v and self.global_kv_heads else self.num_kv_heads
-            return heads, self.global_head_dim or self.head_dim
+            return self.global_kv_heads or self.num_kv_heads, self.global_head_dim or self.head_dim
         return self.num_kv_heads, self.head_dim
 
     @property

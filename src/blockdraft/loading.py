@@ -126,6 +126,9 @@ def _gpt_oss_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
             parts.setdefault((m.group(1), m.group(2)), {})[m.group(3)] = t
     for (base, proj), have in parts.items():
         name = f"{base}.experts.{proj}"
+        if ("_blocks" in have or "_scales" in have) and "" in have:
+            raise CheckpointError(f"target: {name} is in the checkpoint both as bf16 and as MXFP4 blocks/scales; "
+                                  "keep one form")
         if "_blocks" in have or "_scales" in have:
             if not {"_blocks", "_scales"} <= set(have):
                 missing = "_scales" if "_blocks" in have else "_blocks"

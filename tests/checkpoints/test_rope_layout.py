@@ -82,3 +82,15 @@ def test_rope_layout_spellings_are_checked(hybrid_root, tmp_path):
     (bad / "config.json").write_text(json.dumps({**cfg, "is_neox_style": True}))
     with pytest.raises(ConfigError, match="disagrees on the RoPE layout"):
         load_drafter(bad, target)
+
+
+def test_interleaved_rows_must_be_whole_heads(hybrid_root, tmp_path):
+    from safetensors.torch import save_file
+    from blockdraft.errors import CheckpointError
+    target = load_target(hm.checkpoint(str(hybrid_root), arch="lfm2"), dtype="bfloat16")
+    path = liquid_layout(hybrid_root, tmp_path, neox=False)
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors["layers.0.self_attn.q_proj.weight"] = tensors["layers.0.self_attn.q_proj.weight"][:-3]
+    save_file(tensors, str(path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="layers.0.self_attn.q_proj.weight has 61 rows, not whole heads"):
+        load_drafter(path, target)

@@ -103,3 +103,18 @@ def test_malformed_checkpoints_are_named_errors(hybrid_root, tmp_path):
         save_file(tensors, str(d / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"missing tensors \['layers.3.layer_scalar'\]"):
         load_target(_edited(hybrid_root, tmp_path / "d", drop))
+
+
+def test_dspark_training_teaches_the_capped_distribution(hybrid_root):
+    """The target's logits are soft-capped (30): the DSpark loss's teacher is that distribution."""
+    from blockdraft.train.losses import blocks_at
+    from blockdraft.train.trainer import teacher_data
+    target = load_target(checkpoint(hybrid_root), dtype="float32")
+    drafter = load_drafter(hm.drafter_dir(hybrid_root, "dspark"), target)
+    seq = teacher_data(target, [PROMPT[0].tolist()], 6, drafter.config.taps)[0]
+    anchors = torch.tensor([3, 7])
+    block = blocks_at(drafter, seq.taps, seq.final, seq.ids, anchors, target.lm_head)
+    positions = (anchors[:, None] + torch.arange(drafter.config.num_draft_tokens)).reshape(-1)   # predicted - 1
+    with torch.no_grad():
+        full = target.logits(seq.ids[None])[0]
+    assert (block.target_logits - full[positions]).abs().max().item() <= 1e-4

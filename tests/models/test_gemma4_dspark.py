@@ -133,3 +133,19 @@ def test_gemma_block_drafter_drafts_in_the_engine_and_is_not_saved_as_qwen(hybri
     assert [o.token_ids for o in spec] == [o.token_ids for o in LLMEngine(target, None, config).generate(prompts, params)]
     with pytest.raises(ConfigError, match="Gemma blocks"):
         save_drafter(drafter, target, tmp_path / "out")
+
+
+def test_gemma_block_drafter_layouts_are_checked(hybrid_root, tmp_path):
+    target = load_target(hm.checkpoint(str(hybrid_root), True, arch="gemma4"), dtype="float32")
+    path = deepspec_drafter(tmp_path)
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "layer_types": ["sliding_attention", "full_attention"]}))
+    with pytest.raises(ConfigError, match="layer_types must all be full_attention"):
+        load_drafter(path, target)
+    (path / "config.json").write_text(json.dumps(cfg))
+    from safetensors.torch import load_file
+    tensors = load_file(str(path / "model.safetensors"))
+    del tensors["embed_tokens.weight"]
+    save_file(tensors, str(path / "model.safetensors"))
+    with pytest.raises(ConfigError, match="ships no embed_tokens.weight"):
+        load_drafter(path, target)

@@ -130,6 +130,14 @@ def test_malformed_checkpoints_are_named_errors(hybrid_root, tmp_path):
     with pytest.raises(CheckpointError, match="missing tensors layers.2.mlp.experts.gate_up_proj_scales"):
         load_target(_edited(hybrid_root, tmp_path / "c", drop_scales))
 
+    def both_forms(cfg, d):
+        shutil.copy(mxfp4_checkpoint(hybrid_root, tmp_path / "e0") / "model.safetensors", d / "model.safetensors")
+        tensors = load_file(str(d / "model.safetensors"))
+        tensors["model.layers.0.mlp.experts.down_proj"] = torch.zeros(4, 64, 64)
+        save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="down_proj is in the checkpoint both as bf16 and as MXFP4"):
+        load_target(_edited(hybrid_root, tmp_path / "e", both_forms))
+
     def drop_sinks(cfg, d):
         tensors = load_file(str(d / "model.safetensors"))
         del tensors["model.layers.1.self_attn.sinks"]

@@ -63,7 +63,7 @@ def test_rollback_is_bitwise_the_state_of_the_accepted_rows(hybrid_root):
             target(torch.cat([prompt, block[:, :keep]], dim=1), fresh)
             records = fresh._pending[2].records
             for i in spec.states.layers:
-                assert torch.equal(spec.states.conv[i][0], records[i].conv_in[0, -(k - 1):]), f"keep={keep}"
+                assert torch.equal(spec.states.windows[i][0], records[i].rows[0, -(k - 1):]), f"keep={keep}"
             assert not spec.states.rec                       # short conv: no recurrence to keep
 
 
@@ -82,6 +82,9 @@ def test_speculative_equals_plain_and_the_cache_free_loop(hybrid_root, moe, quan
     als = [a for o in spec for a in o.acceptance_lengths]
     assert 1 < sum(als) / len(als) < drafter.config.num_draft_tokens + 1, "drafts must be partly accepted"
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    one = LLMEngine(target, drafter, EngineConfig(max_batch=1, cache_budget_bytes=4 << 20, max_model_len=128,
+                                                  adaptive_speculation=False)).generate(prompts[:2], params)
+    assert [o.token_ids for o in one] == [o.token_ids for o in plain[:2]]
     for p, o in list(zip(prompts, spec))[:2]:
         oracle = generate_cache_free(target, p, params.max_tokens, drafter)
         assert (o.token_ids, o.acceptance_lengths) == (oracle.token_ids, oracle.acceptance_lengths)

@@ -120,7 +120,7 @@ def test_drafters_load_against_hybrid_targets_tapping_deltanet_and_attention(hyb
 
 
 def _states(pool: StatePool, slot: int) -> list[torch.Tensor]:
-    return [t[slot].clone() for i in pool.layers for t in (pool.conv[i], pool.rec[i])]
+    return [t[slot].clone() for i in pool.layers for t in (pool.windows[i], pool.rec[i])]
 
 
 @pytest.mark.parametrize("recurrence", ["kernel", "torch"])
@@ -153,7 +153,7 @@ def test_rollback_is_bitwise_the_state_of_the_accepted_rows(hybrid_root, moe, ro
             target(torch.cat([prompt, block[:, :keep]], dim=1), fresh)
             records = fresh._pending[2].records
             k = cfg.deltanet.conv_kernel
-            reference = [t for i in sorted(records) for t in (records[i].conv_in[0, -(k - 1):], records[i].final[0])]
+            reference = [t for i in sorted(records) for t in (records[i].rows[0, -(k - 1):], records[i].final[0])]
             for a, b in zip(_states(spec.states, 0), reference, strict=True):
                 assert torch.equal(a, b), f"keep={keep}"
 

@@ -57,7 +57,7 @@ class StateLayout:
 
 @dataclass
 class LayerRecord:
-    conv_in: torch.Tensor                # [b, rows, width] the window's new rows: conv inputs, or K ‖ V (model dtype)
+    rows: torch.Tensor                # [b, rows, width] the window's new rows: conv inputs, or K ‖ V (model dtype)
     q: torch.Tensor | None = None        # [b, rows, H, d_k] fp32, normalised and scaled  (DeltaNet only:)
     k: torch.Tensor | None = None        # [b, rows, H, d_k] fp32, normalised
     v: torch.Tensor | None = None        # [b, rows, H, d_v] fp32
@@ -70,13 +70,13 @@ class LayerRecord:
 class StateStep:
     """One forward's view of the states of `b` sequences: `counts[i]` new rows each (the rest padding)."""
 
-    def __init__(self, conv: dict[int, torch.Tensor], rec: dict[int, torch.Tensor], counts: list[int],
+    def __init__(self, windows: dict[int, torch.Tensor], rec: dict[int, torch.Tensor], counts: list[int],
                  keep_states: bool = False):
-        self.conv, self.rec = conv, rec                  # per layer [b, rows, width] / [b, H, d_k, d_v] (DeltaNet)
+        self.windows, self.rec = windows, rec                  # per layer [b, rows, width] / [b, H, d_k, d_v] (DeltaNet)
         self.counts = counts
         self._sliding: dict[int, torch.Tensor] = {}
         rows = max(counts)
-        device = next(iter(conv.values())).device
+        device = next(iter(windows.values())).device
         self.valid = None
         if min(counts) != rows:
             self.valid = torch.arange(rows, device=device)[None, :] < torch.tensor(counts, device=device)[:, None]
@@ -84,11 +84,24 @@ class StateStep:
         self.records: dict[int, LayerRecord] = {}
 
     def initial(self, layer: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(conv rows [b, K-1, C], recurrent state [b, H, d_k, d_v] or None) before this forward's rows."""
-        return self.conv[layer], self.rec.get(layer)
+        """(window rows [b, rows, width], recurrent state [b, H, d_k, d_v] or None) before this forward's rows."""
+        return self.windows[layer], self.rec.get(layer)
 
     def record(self, layer: int, rec: LayerRecord) -> None:
         self.records[layer] = rec
+
+    def sliding_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, window: int):
+        """A sliding-window attention layer's new rows k/v [b, hkv, t, d] at `positions` [b, t] -> the keys
+        and values they see ([b, hkv, window - 1 + t, d]: the sequence's last window - 1 rows, then the new
+        ones) and the mask; the new rows are recorded for the commit (only the kept ones enter the window)."""
+        past, _ = self.initial(layer)                                                    # [b, W-1, 2*hkv*d]
+        b, hkv, t, d = k.shape
+        new = torch.stack([k, v], dim=2).permute(0, 3, 2, 1, 4).reshape(b, t, 2 * hkv * d)   # [b, t, (2, hkv, d)]
+        self.record(layer, LayerRecord(new))
+        rows = torch.cat([past.to(new.dtype), new], dim=1).view(b, window - 1 + t, 2, hkv, d)
+        keys = rows[:, :, 0].transpose(1, 2).contiguous()                                # [b, hkv, W-1+t, d]
+        values = rows[:, :, 1].transpose(1, 2).contiguous()
+        return keys, values, self.sliding_visible(positions, window)
 
     def sliding_visible(self, positions: torch.Tensor, window: int) -> torch.Tensor:
         """What each new row of a sliding-window layer sees among [window rows ‖ new rows]:
@@ -104,12 +117,12 @@ class StateStep:
             self._sliding[window] = ((diff >= 0) & (diff < window) & real[:, None, :])[:, None]
         return self._sliding[window]
 
-    def kept_conv(self, layer: int, keep: torch.Tensor) -> torch.Tensor:
+    def kept_window(self, layer: int, keep: torch.Tensor) -> torch.Tensor:
         """The window after `keep[i]` rows of sequence i: its last rows of (window rows, new rows)."""
-        conv = self.conv[layer]
-        window = torch.cat([conv, self.records[layer].conv_in.to(conv.dtype)], dim=1)   # [b, K-1+rows, C]
-        idx = keep[:, None] + torch.arange(conv.shape[1], device=keep.device)[None, :]  # [b, K-1]
-        return torch.gather(window, 1, idx[..., None].expand(-1, -1, conv.shape[2]))
+        old = self.windows[layer]                                                        # [b, R, width]
+        rows = torch.cat([old, self.records[layer].rows.to(old.dtype)], dim=1)           # [b, R + t, width]
+        idx = keep[:, None] + torch.arange(old.shape[1], device=keep.device)[None, :]    # [b, R]
+        return torch.gather(rows, 1, idx[..., None].expand(-1, -1, old.shape[2]))
 
     def kept_state(self, layer: int, keep: list[int]) -> torch.Tensor:
         """The recurrent state after `keep[i]` rows of sequence i."""
@@ -140,22 +153,23 @@ class StatePool:
         if rollback not in ROLLBACKS:
             raise ValueError(f"rollback={rollback!r} (choose from {ROLLBACKS})")
         self.layout, self.layers, self.rollback = layout, layout.layers, rollback
-        self.conv = {i: torch.zeros(slots, rows, width, dtype=dtype, device=device)
+        self.windows = {i: torch.zeros(slots, rows, width, dtype=dtype, device=device)
                      for i, (rows, width) in layout.windows.items()}
         r = layout.recurrent
         self.rec = {i: torch.zeros(slots, r.num_v_heads, r.k_dim, r.v_dim, dtype=torch.float32, device=device)
                     for i in layout.recurrent_layers}
         self.free_slots = list(range(slots))
         self.num_slots = slots
+
     @property
     def num_free(self) -> int:
         return len(self.free_slots)
 
     def acquire(self) -> int:
         if not self.free_slots:
-            raise RuntimeError("no free recurrent-state slot (the scheduler admits at most max_batch sequences)")
+            raise RuntimeError("no free state slot (the scheduler admits at most max_batch sequences)")
         slot = self.free_slots.pop(0)
-        for store in (self.conv, self.rec):
+        for store in (self.windows, self.rec):
             for t in store.values():
                 t[slot].zero_()
         return slot
@@ -165,17 +179,17 @@ class StatePool:
             self.free_slots.append(slot)
 
     def begin(self, slots: list[int], counts: list[int]) -> StateStep:
-        idx = torch.tensor(slots, device=next(iter(self.conv.values())).device)
-        return StateStep({i: t.index_select(0, idx) for i, t in self.conv.items()},
+        idx = torch.tensor(slots, device=next(iter(self.windows.values())).device)
+        return StateStep({i: t.index_select(0, idx) for i, t in self.windows.items()},
                          {i: t.index_select(0, idx) for i, t in self.rec.items()}, counts,
                          keep_states=self.rollback == "per_row")
 
     def commit(self, step: StateStep, slots: list[int], keep: list[int]) -> None:
         """Make slot i's state the state after the first keep[i] rows of the step."""
-        device = next(iter(self.conv.values())).device
+        device = next(iter(self.windows.values())).device
         idx = torch.tensor(slots, device=device)
         keep_t = torch.tensor(keep, device=device)
         for i in self.layers:
-            self.conv[i].index_copy_(0, idx, step.kept_conv(i, keep_t))
+            self.windows[i].index_copy_(0, idx, step.kept_window(i, keep_t))
             if i in self.rec:
                 self.rec[i].index_copy_(0, idx, step.kept_state(i, keep))

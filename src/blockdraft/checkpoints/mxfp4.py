@@ -15,6 +15,7 @@ from ..errors import CheckpointError
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 GROUP = 32
+ROWS = 4096                # rows dequantized per chunk
 
 
 def dequantize(blocks: torch.Tensor, scales: torch.Tensor, name: str = "") -> torch.Tensor:
@@ -26,7 +27,12 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor, name: str = "") -> to
         raise CheckpointError(f"target: MXFP4 tensor {name}: blocks {tuple(blocks.shape)} and scales "
                               f"{tuple(scales.shape)} do not pair (blocks [..., G, 16], scales [..., G])")
     lut = torch.tensor(E2M1, dtype=torch.float32)
-    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).long()                  # [*, rows, G, 16, 2]
-    values = lut[codes].flatten(-2)                                                   # [*, rows, G, 32]
-    values = torch.ldexp(values, scales.to(torch.int32)[..., None] - 127)
-    return values.flatten(-2).to(torch.bfloat16)                                      # [*, rows, G * 32]
+    out = torch.empty(*scales.shape[:-1], scales.shape[-1] * GROUP, dtype=torch.bfloat16)
+    flat_blocks, flat_scales, flat_out = blocks.reshape(-1, *blocks.shape[-2:]), scales.reshape(-1, scales.shape[-1]), \
+        out.view(-1, out.shape[-1])
+    for lo in range(0, flat_out.shape[0], ROWS):     # in row chunks: the fp32 temporaries stay small
+        part = flat_blocks[lo:lo + ROWS]
+        codes = torch.stack([part & 0x0F, part >> 4], dim=-1).long()                  # [rows, G, 16, 2]
+        values = torch.ldexp(lut[codes].flatten(-2), flat_scales[lo:lo + ROWS].to(torch.int32)[..., None] - 127)
+        flat_out[lo:lo + ROWS] = values.flatten(-2)                                   # [rows, G * 32]
+    return out

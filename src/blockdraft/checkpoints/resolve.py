@@ -332,8 +332,8 @@ def _resolve_gpt_oss(cfg: dict) -> TargetConfig:
         cfg["rope_parameters"] = {**GPT_OSS_ROPE, "rope_theta": cfg.get("rope_theta", 150000.0)}
     elif "rope_theta" not in (cfg.get("rope_parameters") or cfg.get("rope_scaling")):
         cfg.setdefault("rope_theta", 150000.0)
-    cfg.setdefault("attention_bias", True)
-    cfg.setdefault("rms_norm_eps", 1e-5)
+    for key, value in (("attention_bias", True), ("rms_norm_eps", 1e-5), ("head_dim", 64), ("num_key_value_heads", 8)):
+        cfg.setdefault(key, value)                    # transformers' GptOssConfig defaults
     experts = cfg.get("num_local_experts", cfg.get("num_experts"))
     if experts is None:
         raise ConfigError("target config.json has no 'num_local_experts'")
@@ -353,45 +353,54 @@ def _resolve_gpt_oss(cfg: dict) -> TargetConfig:
 
 GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
-GEMMA4_ACTS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+GEMMA4_ACTS = ("gelu_pytorch_tanh", "gelu_tanh")      # the tanh-approximated GELU, as transformers spells it
 
 
-def _resolve_gemma4(outer: dict) -> TargetConfig:
-    """transformers' `gemma4` (the text decoder under `text_config`; the vision and audio towers are not
-    run) or `gemma4_text`: 5:1 sliding/full layers (the last full), full layers' own head geometry
-    (`global_head_dim`, or `per_layer_config`), q/k/v norms, k = v on full layers, shared-KV layers,
-    per-layer embeddings, a GeGLU MLP beside optional routed experts, final-logit softcapping."""
-    cfg = dict(outer.get("text_config") or outer)
-    for key in ("tie_word_embeddings", "eos_token_id", "bos_token_id"):
-        if key not in cfg and key in outer:
-            cfg[key] = outer[key]
-    layers = int(_require(cfg, "num_hidden_layers", "target"))
+def _gemma4_full_layers(cfg: dict, full: list[int]) -> tuple[int, int | None, RopeConfig]:
+    """Gemma 4's full-attention layers' (head dim, KV heads or None = the model's, RoPE): 5.15's
+    `per_layer_config` (one override for every full layer), else `global_head_dim` and — where
+    `attention_k_eq_v` — `num_global_key_value_heads`; RoPE from `rope_parameters["full_attention"]`.
+    Also checks the activation (GeGLU only)."""
     act = cfg.get("hidden_activation", cfg.get("hidden_act", "gelu_pytorch_tanh"))
     if act not in GEMMA4_ACTS:
         raise ConfigError(f"hidden_activation={act!r} is not supported (supported: {sorted(GEMMA4_ACTS)})")
-    if cfg.get("use_bidirectional_attention") == "all":
-        raise ConfigError("use_bidirectional_attention='all' makes every layer bidirectional: not a causal "
-                          "decoder, so it cannot be decoded token by token")
-    types = cfg.get("layer_types")
-    if types is None:
-        types = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)]
-        types[-1] = "full_attention"
-    if not isinstance(types, list):
-        raise ConfigError(f"layer_types must be a list, got {types!r}")
-    full = [i for i, t in enumerate(types) if t == "full_attention"]
-    geometry = {}                       # the full layers' geometry: per_layer_config (5.15) or the 5.10 fields
+    geometry = {}
     for key, value in (cfg.get("per_layer_config") or {}).items():
         if int(key) not in full:
             raise ConfigError(f"per_layer_config overrides layer {key}, which is not a full-attention layer")
         if geometry and value != geometry:
             raise ConfigError(f"per_layer_config gives full-attention layers different geometry: {geometry} and {value}")
         geometry = dict(value)
-    global_head_dim = geometry.get("head_dim", cfg.get("global_head_dim", 512 if full else None))
     k_eq_v = bool(cfg.get("attention_k_eq_v", False))
-    global_kv = geometry.get("num_key_value_heads", cfg.get("num_global_key_value_heads") if k_eq_v else None)
-    rope = dict(GEMMA4_ROPE)
-    rope.update({k: v for k, v in (cfg.get("rope_parameters") or {}).items() if k in rope})
-    ple = int(cfg.get("hidden_size_per_layer_input") or 0)
+    head_dim = int(geometry.get("head_dim", cfg.get("global_head_dim", 512)))
+    kv = geometry.get("num_key_value_heads", cfg.get("num_global_key_value_heads") if k_eq_v else None)
+    rope = cfg.get("rope_parameters") or {}
+    rope = rope if "rope_type" in rope else rope.get("full_attention", GEMMA4_ROPE["full_attention"])
+    return head_dim, None if kv is None else int(kv), resolve_rope({"rope_parameters": rope})
+
+
+def _resolve_gemma4(outer: dict) -> TargetConfig:
+    """transformers' `gemma4` (the text decoder under `text_config`; the vision and audio towers are not
+    run) or `gemma4_text`: 5:1 sliding/full layers (the last full), full layers' own head geometry,
+    q/k/v norms, k = v on full layers, shared-KV layers, per-layer embeddings, a GeGLU MLP beside optional
+    routed experts, final-logit softcapping. Defaults are transformers' `Gemma4TextConfig`'s."""
+    cfg = dict(outer.get("text_config") or outer)
+    for key in ("tie_word_embeddings", "eos_token_id", "bos_token_id"):
+        if key not in cfg and key in outer:
+            cfg[key] = outer[key]
+    layers = int(_require(cfg, "num_hidden_layers", "target"))
+    if cfg.get("use_bidirectional_attention") == "all":
+        raise ConfigError("use_bidirectional_attention='all' makes every layer bidirectional: not a causal "
+                          "decoder, so it cannot be decoded token by token")
+    types = cfg.get("layer_types")
+    if types is None:
+        types = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)]
+    if not isinstance(types, list) or not types:
+        raise ConfigError(f"layer_types must be a non-empty list, got {types!r}")
+    types = [*types[:-1], "full_attention"]          # transformers forces the last layer to full attention
+    head_dim, global_kv, global_rope = _gemma4_full_layers(cfg, [i for i, t in enumerate(types) if t == "full_attention"])
+    sliding_rope = (cfg.get("rope_parameters") or {}).get("sliding_attention", GEMMA4_ROPE["sliding_attention"])
+    ple = int(cfg.get("hidden_size_per_layer_input", 256) or 0)
     moe = None
     if cfg.get("enable_moe_block"):
         moe = MoeConfig(num_experts=int(_require(cfg, "num_experts", "target")),
@@ -399,17 +408,19 @@ def _resolve_gemma4(outer: dict) -> TargetConfig:
                         expert_intermediate_size=int(_require(cfg, "moe_intermediate_size", "target")),
                         router="gemma4", activation="gelu_tanh")
     cfg.setdefault("head_dim", 256)
-    dims = {**_dims(cfg, "target"), "rope": resolve_rope({"rope_parameters": rope["sliding_attention"]})}
+    cfg.setdefault("num_key_value_heads", 4)
+    cfg.setdefault("eos_token_id", 1)
+    cfg.setdefault("bos_token_id", 2)
+    dims = {**_dims(cfg, "target"), "rope": resolve_rope({"rope_parameters": sliding_rope})}
     return TargetConfig(
-        architecture="gemma4", **dims,
-        global_rope=resolve_rope({"rope_parameters": rope["full_attention"]}),
+        architecture="gemma4", **dims, global_rope=global_rope,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)), qk_norm=True,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 131072)),
         bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_eos_ids(cfg), layer_types=tuple(types), moe=moe,
-        sliding_window=cfg.get("sliding_window", 512), global_head_dim=global_head_dim,
-        global_kv_heads=None if global_kv is None else int(global_kv), attention_k_eq_v=k_eq_v,
+        sliding_window=cfg.get("sliding_window", 512), global_head_dim=head_dim, global_kv_heads=global_kv,
+        attention_k_eq_v=bool(cfg.get("attention_k_eq_v", False)),
         kv_shared_layers=int(cfg.get("num_kv_shared_layers") or 0), per_layer_input_size=ple,
-        per_layer_vocab_size=int(cfg.get("vocab_size_per_layer_input") or 0) if ple else 0,
+        per_layer_vocab_size=int(cfg.get("vocab_size_per_layer_input", 262144) or 0) if ple else 0,
         double_wide_mlp=bool(cfg.get("use_double_wide_mlp", False)), hidden_act="gelu_tanh",
         final_logit_softcapping=cfg.get("final_logit_softcapping"),
     )
@@ -473,7 +484,7 @@ def resolve_drafter(cfg: dict, tensor_shapes: dict[str, tuple[int, ...]], mode: 
         merged["runtime"] = section
     kind = _resolve_kind(merged, tensor_shapes, mode)
     dims = _dims(cfg, "drafter")
-    gemma = _gemma_drafter(cfg)
+    gemma = _gemma_drafter(cfg, tensor_shapes)
     if gemma:
         dims.update(gemma)
 
@@ -522,30 +533,23 @@ def resolve_drafter(cfg: dict, tensor_shapes: dict[str, tuple[int, ...]], mode: 
     )
 
 
-def _gemma_drafter(cfg: dict) -> dict:
+def _gemma_drafter(cfg: dict, shapes: dict[str, tuple[int, ...]]) -> dict:
     """DeepSpec's Gemma 4 DSpark (`Gemma4DSparkModel`, a copy of the target's Gemma 4 text config): every
-    drafter layer takes the target's full-attention geometry and RoPE — `global_head_dim` (or 5.15's
-    `per_layer_config`), `num_global_key_value_heads` where `attention_k_eq_v`, the `full_attention`
-    rope parameters. {} for any other drafter."""
+    drafter layer is a non-causal full-attention layer with the target's full-attention geometry and RoPE
+    (`_gemma4_full_layers`) and its own √H-scaled embedding. {} for any other drafter."""
     archs = cfg.get("architectures") or []
     if not (any(a.startswith("Gemma4") for a in archs) or str(cfg.get("model_type", "")).startswith("gemma4")):
         return {}
-    act = cfg.get("hidden_activation", cfg.get("hidden_act", "gelu_pytorch_tanh"))
-    if act not in GEMMA4_ACTS:
-        raise ConfigError(f"drafter hidden_activation={act!r} is not supported (supported: {sorted(GEMMA4_ACTS)})")
-    overrides = list((cfg.get("per_layer_config") or {}).values())
-    if any(o != overrides[0] for o in overrides):
-        raise ConfigError(f"drafter per_layer_config gives its layers different geometry: {overrides}")
-    geometry = overrides[0] if overrides else {}
-    k_eq_v = bool(cfg.get("attention_k_eq_v", False))
-    head_dim = geometry.get("head_dim", cfg.get("global_head_dim", cfg.get("head_dim")))
-    kv = geometry.get("num_key_value_heads", cfg.get("num_global_key_value_heads") if k_eq_v else None)
-    rope = cfg.get("rope_parameters") or {}
-    rope = rope.get("full_attention", GEMMA4_ROPE["full_attention"]) if "rope_type" not in rope else rope
-    out = {"head_dim": int(head_dim), "rope": resolve_rope({"rope_parameters": rope})}
-    if kv is not None:
-        out["num_kv_heads"] = int(kv)
-    return out
+    layers = int(_require(cfg, "num_hidden_layers", "drafter"))
+    types = cfg.get("layer_types") or ["full_attention"] * layers
+    if any(t != "full_attention" for t in types):
+        raise ConfigError(f"drafter Gemma4DSparkModel layer_types must all be full_attention (its layers attend over "
+                          f"the whole context), got {types}")
+    if "embed_tokens.weight" not in shapes:
+        raise ConfigError("drafter Gemma4DSparkModel ships no embed_tokens.weight: its block embedding is its own, "
+                          "scaled by √hidden_size (the target's unscaled one would silently change its drafts)")
+    head_dim, kv, rope = _gemma4_full_layers(cfg, list(range(layers)))
+    return {"head_dim": head_dim, "rope": rope, **({} if kv is None else {"num_kv_heads": kv})}
 
 
 def _rope_interleaved(cfg: dict) -> bool:

@@ -15,6 +15,8 @@ import re
 
 import torch
 
+from ..errors import CheckpointError
+
 _ROTATED = re.compile(r"^layers\.\d+\.self_attn\.(q_proj|k_proj|q_norm|k_norm)\.(weight|bias)$")
 
 
@@ -32,6 +34,8 @@ def reorder_rotated(tensors: dict[str, torch.Tensor], head_dim: int, inverse: bo
     out = {}
     for name, t in tensors.items():
         if _ROTATED.match(name):
+            if t.shape[0] % head_dim:
+                raise CheckpointError(f"drafter {name} has {t.shape[0]} rows, not whole heads of head_dim={head_dim}")
             heads = t.reshape(-1, head_dim, *t.shape[1:])                        # [heads, d, (in)]
             t = heads[:, perm.to(t.device)].reshape(t.shape)
         out[name] = t

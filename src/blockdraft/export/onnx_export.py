@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import DENSE_ARCHITECTURES
 from ..errors import ConfigError
 from ..loading import load_drafter, load_target
 from .graphs import DrafterGraph, TargetGraph
@@ -52,9 +53,10 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
     weights_bf16 = DTYPES[dtype] == torch.bfloat16
     torch_dtype = torch.float32
     target = load_target(Path(target_dir), torch_dtype)       # validates the target checkpoint
-    if target.config.hybrid or target.config.moe is not None:
+    if target.config.architecture not in DENSE_ARCHITECTURES:
         raise ConfigError(f"export onnx: {target.config.architecture} targets are not exported (ONNX Runtime "
-                          "GenAI's paged graph contract has no per-sequence layer state); run them in blockdraft")
+                          "GenAI's paged graph contract covers Llama/Qwen3 decoders, with no per-sequence layer "
+                          "state); run them in blockdraft")
     drafter = load_drafter(Path(drafter_dir), target)          # validates taps, fc width, vocab, heads
     cfg = drafter.config
     if cfg.kind not in LATTICE_KINDS:

@@ -72,11 +72,13 @@ class SparseMoe(DirectCall):
         elif m.router == "topk_softmax":
             top, ids = torch.topk(logits, m.top_k, dim=-1)
             weights = torch.softmax(top, dim=-1, dtype=torch.float32)
-        else:
+        elif m.router == "sigmoid":
             scores = lanewise(torch.sigmoid, logits.float())
             choice = scores + self.expert_bias.float() if m.expert_bias else scores
             ids = torch.topk(choice, m.top_k, dim=-1).indices
             weights = scores.gather(1, ids)
+        else:                  # "gemma4" routes in `models/gemma4.py` (its router reads the un-normed stream)
+            raise ValueError(f"SparseMoe does not run the {m.router!r} router")
         if m.norm_topk and m.router != "topk_softmax":
             weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-6 if m.router == "sigmoid" else 0.0))
         if m.routed_scaling != 1.0:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..config import DENSE_ARCHITECTURES
 from ..errors import ConfigError
 from . import cpu_kernels as kernels
 from .direct import DirectCall
@@ -166,7 +167,7 @@ def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) ->
     `kernel` as `QuantizedLinear` takes it (None: the own kernel where it applies)."""
     if scheme == "none":
         return model
-    if model.config.hybrid or model.config.moe is not None:
+    if model.config.architecture not in DENSE_ARCHITECTURES:
         return _quantize_hybrid(model, scheme, kernel)
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp

@@ -203,10 +203,12 @@ class CandidateSelector(nn.Module):
 
 @dataclass
 class SharedWeights:
-    """The target's embedding and LM head, reused by reference (not registered, not saved)."""
+    """The target's embedding and LM head, reused by reference (not registered, not saved), and the
+    soft cap the target puts on its logits (Gemma), which its distribution includes."""
 
     embed_tokens: nn.Embedding
     lm_head: nn.Linear
+    logit_softcap: float | None = None
 
 
 class BlockDrafter(nn.Module):
@@ -219,7 +221,7 @@ class BlockDrafter(nn.Module):
         self.layers = nn.ModuleList(DrafterLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.rope, cfg.head_dim)
-        self.shared = SharedWeights(target.embed_tokens, target.lm_head)
+        self.shared = SharedWeights(target.embed_tokens, target.lm_head, tcfg.final_logit_softcapping)
         if cfg.own_embed_tokens:
             self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         if cfg.own_lm_head:

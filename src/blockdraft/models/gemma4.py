@@ -6,7 +6,7 @@ embedding branch, and last the whole residual scaled by the checkpoint's `layer_
 
 Attention: q/k RMSNorm (plain gains) and a gain-less norm on V, scaling 1.0. Sliding layers (5 of 6)
 use the model's head geometry and default RoPE, and keep their last W-1 K/V rows as per-sequence state
-(`target.sliding_kv`, as gpt-oss's); full layers may have their own head size and KV heads
+(`StateStep.sliding_kv`, as gpt-oss's); full layers may have their own head size and KV heads
 (`global_head_dim`, `num_global_key_value_heads`), proportional RoPE, and V = the raw K projection
 (`attention_k_eq_v`). The last `num_kv_shared_layers` layers compute only queries and attend with the
 K/V (and mask) of the last earlier layer of their type, handed over within the forward (`Gemma4Step`).
@@ -21,9 +21,9 @@ from ..config import TargetConfig
 from ..layers.attention import attend
 from ..layers.direct import DirectCall
 from ..layers.elementwise import lanewise
-from ..layers.linear import StableLinear
+from ..layers.linear import StableLinear, stable_linear
 from ..layers.mlp import MLP, gelu_tanh
-from ..layers.moe import Experts, mix_experts
+from ..layers.moe import Experts, Router, mix_experts
 from ..layers.norm import RMSNorm, rms_normalized
 from ..layers.rope import Rotary, apply_rope
 
@@ -38,18 +38,18 @@ class Gemma4Attention(DirectCall):
         self.source = cfg.kv_source(layer)
         self.eps = cfg.rms_norm_eps
         h, d = cfg.hidden_size, self.head_dim
-        self.q_proj = StableLinear(h, self.num_heads * d, bias=False)
+        bias = cfg.attention_bias
+        self.q_proj = StableLinear(h, self.num_heads * d, bias=bias)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.o_proj = StableLinear(self.num_heads * d, h, bias=False)
+        self.o_proj = StableLinear(self.num_heads * d, h, bias=bias)
         self.k_proj = self.v_proj = self.k_norm = None
         if self.source == layer:
-            self.k_proj = StableLinear(h, self.num_kv_heads * d, bias=False)
+            self.k_proj = StableLinear(h, self.num_kv_heads * d, bias=bias)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
             if not (cfg.attention_k_eq_v and self.kind == "full_attention"):
-                self.v_proj = StableLinear(h, self.num_kv_heads * d, bias=False)
+                self.v_proj = StableLinear(h, self.num_kv_heads * d, bias=bias)
 
     def forward(self, x, cos, sin, step, layer: int):
-        from .target import sliding_kv
         b, t, _ = x.shape
         cos, sin = cos[self.kind], sin[self.kind]
         q = apply_rope(self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim)).transpose(1, 2), cos, sin)
@@ -65,27 +65,28 @@ class Gemma4Attention(DirectCall):
                 k, v = step.kv(layer, k, v)
                 visible = step.visible
             else:
-                k, v, visible = sliding_kv(step, layer, k, v, self.window)
+                k, v, visible = step.state.sliding_kv(layer, k, v, step.positions, self.window)
             step.shared_kv[layer] = (k, v, visible)
         return self.o_proj(attend(q, k, v, visible, 1.0))
 
 
 class Gemma4Router(nn.Module):
     """softmax(proj(norm(h) · scale · H^-1/2)) over all experts in fp32, the top-k renormalised and
-    multiplied by their `per_expert_scale`. Reads the residual stream itself, not a normed input."""
+    multiplied by their `per_expert_scale`. Reads the residual stream itself, not a normed input. The
+    projection is a bare weight, so weight-only quantization leaves it (and the routing) in bf16."""
 
     def __init__(self, cfg: TargetConfig):
         super().__init__()
         m = cfg.moe
         self.top_k, self.eps, self.root = m.top_k, cfg.rms_norm_eps, cfg.hidden_size ** -0.5
-        self.proj = StableLinear(cfg.hidden_size, m.num_experts, bias=False)
+        self.proj = Router(cfg.hidden_size, m.num_experts)
         self.scale = nn.Parameter(torch.ones(cfg.hidden_size))
         self.per_expert_scale = nn.Parameter(torch.ones(m.num_experts))
 
     def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """flat [n, H] -> (weights [n, k] fp32, expert ids [n, k])."""
         normed = rms_normalized(flat, self.eps).to(flat.dtype) * self.scale * self.root
-        probs = torch.softmax(self.proj(normed), dim=-1, dtype=torch.float32)       # [n, E]
+        probs = torch.softmax(stable_linear(normed, self.proj.weight), dim=-1, dtype=torch.float32)   # [n, E]
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights * self.per_expert_scale[ids], ids

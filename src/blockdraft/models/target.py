@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..cache.state import LayerRecord, StatePool
+from ..cache.state import StatePool
 from ..config import Taps, TargetConfig
 from ..layers import cpu_kernels as kernels
 from ..layers.attention import attend
@@ -38,7 +38,7 @@ class TargetAttention(DirectCall):
     last `sliding_window - 1` K/V rows as per-sequence state (`cache/state.py`) and attend over those and
     the step's own rows. `sinks`: a learned per-head logit in every softmax (gpt-oss)."""
 
-    def __init__(self, cfg: TargetConfig, layer: int = 0):
+    def __init__(self, cfg: TargetConfig, layer: int):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.window = cfg.sliding_window if cfg.layer_type(layer) == "sliding_attention" else None
@@ -76,23 +76,8 @@ class TargetAttention(DirectCall):
             k, v = step.kv(layer, k, v)
             visible = step.visible
         else:
-            k, v, visible = sliding_kv(step, layer, k, v, self.window)
+            k, v, visible = step.state.sliding_kv(layer, k, v, step.positions, self.window)
         return self.o_proj(attend(q, k, v, visible, self.head_dim ** -0.5, self.sinks))
-
-
-def sliding_kv(step, layer: int, k: torch.Tensor, v: torch.Tensor, window: int):
-    """k/v [b, hkv, t, d] of a sliding-window layer's new rows -> the keys and values its rows see
-    ([b, hkv, window - 1 + t, d]: the sequence's last window - 1 rows, then the new ones) and the mask;
-    the new rows are recorded for the state's commit (only the kept ones enter the window)."""
-    state = step.state
-    past, _ = state.initial(layer)                                                   # [b, W-1, 2*hkv*d]
-    b, hkv, t, d = k.shape
-    new = torch.stack([k, v], dim=2).permute(0, 3, 2, 1, 4).reshape(b, t, 2 * hkv * d)   # [b, t, (2, hkv, d)]
-    state.record(layer, LayerRecord(new))
-    rows = torch.cat([past.to(new.dtype), new], dim=1).view(b, window - 1 + t, 2, hkv, d)
-    keys = rows[:, :, 0].transpose(1, 2).contiguous()                                # [b, hkv, W-1+t, d]
-    values = rows[:, :, 1].transpose(1, 2).contiguous()
-    return keys, values, state.sliding_visible(step.positions, window)
 
 
 class DecoderLayer(DirectCall):
@@ -153,8 +138,8 @@ class TargetModel(nn.Module):
         return self.embed_tokens.weight.device
 
     def new_cache(self, batch: int = 1, capacity: int = 256) -> KVCache:
-        """A contiguous cache for `batch` streams; with the recurrent state of a hybrid target's
-        DeltaNet layers (batch row i = state slot i)."""
+        """A contiguous cache for `batch` streams; with the per-sequence state of a target's DeltaNet,
+        short-conv and sliding-window layers (batch row i = state slot i)."""
         c = self.config
         states = None
         if c.hybrid:

@@ -16,7 +16,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from ..config import DrafterConfig, TargetConfig
+from ..config import DENSE_ARCHITECTURES, DrafterConfig, TargetConfig
 from ..errors import ConfigError
 from ..models.drafter import BlockDrafter, MarkovHead
 from ..models.target import TargetModel
@@ -29,9 +29,9 @@ def check_tp(tp: int, target: TargetConfig | None, drafter: DrafterConfig | None
     any weight is sliced, so a head is never silently dropped)."""
     if not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"--tp must be an integer >= 1, got {tp!r}")
-    if tp > 1 and target is not None and (target.hybrid or target.moe is not None):
-        raise ConfigError(f"--tp {tp}: {target.architecture} targets (per-sequence layer state, MoE) are not "
-                          "sharded by blockdraft's tensor parallelism; run them with --tp 1")
+    if tp > 1 and target is not None and target.architecture not in DENSE_ARCHITECTURES:
+        raise ConfigError(f"--tp {tp}: {target.architecture} targets are not sharded by blockdraft's tensor "
+                          "parallelism (it splits Llama/Qwen3 decoders); run them with --tp 1")
     names = {"num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
              "intermediate_size": "intermediate_size", "vocab_size": "vocab_size"}
     for who, cfg in (("target", target), ("drafter", drafter)):

@@ -64,7 +64,11 @@ def blocks_at(drafter: BlockDrafter, taps: torch.Tensor, final: torch.Tensor | N
     if head is not None and final is not None:
         with torch.no_grad():        # anchors' blocks overlap: each position's logits once
             rows, back = torch.unique(positions - 1, return_inverse=True)
-            target_logits = head(final[rows].to(head.weight.dtype)).float()[back.reshape(-1)]  # [M * n, V]
+            target_logits = head(final[rows].to(head.weight.dtype)).float()                 # [rows, V]
+            cap = drafter.shared.logit_softcap       # the target's distribution is over its capped logits
+            if cap is not None:
+                target_logits = torch.tanh(target_logits / cap) * cap
+            target_logits = target_logits[back.reshape(-1)]                                # [M * n, V]
     return Block(hidden.reshape(-1, hidden.shape[-1]), seq[positions].reshape(-1), seq[positions - 1].reshape(-1),
                  torch.arange(n).repeat(anchors.shape[0]), weight.reshape(-1), target_logits)
 

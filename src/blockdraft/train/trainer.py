@@ -51,7 +51,8 @@ class TrainConfig:
 class TeacherSeq:
     ids: torch.Tensor                  # [L] prompt + the target's response
     taps: torch.Tensor | None          # [1, L, F] the drafter's tap layers, packed (None: recomputed per step)
-    final: torch.Tensor | None         # [L, H] the target's post-norm last hidden (logits = lm_head(final))
+    final: torch.Tensor | None         # [L, H] the target's post-norm last hidden (logits = lm_head(final), capped
+                                       # where the target caps them)
     response_start: int                # first response position; anchors start one before it
 
     @property
