@@ -113,6 +113,39 @@ def check_rollback(target, prompt: torch.Tensor, block: torch.Tensor) -> None:
         assert torch.equal(target(nxt, spec).logits, target(nxt, fresh).logits), f"keep={keep}"
 
 
+def check_speculative_equals_plain(target, drafter) -> None:
+    """Speculative greedy output equals plain greedy output at batch 8 (mixed prompt lengths, up to 40:
+    past the tiny sliding windows) and at batch 1, drafts are partly accepted, and two sequences' tokens
+    and per-step acceptance lengths equal the cache-free loop's."""
+    from blockdraft.engine.engine import EngineConfig, LLMEngine
+    from blockdraft.sampling.params import SamplingParams
+    from decode_oracle import generate_cache_free
+    batch = prompts(8, seed=21, low=3, high=40)
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+
+    def engine(d, rows):
+        return LLMEngine(target, d, EngineConfig(max_batch=rows, cache_budget_bytes=4 << 20, max_model_len=128,
+                                                  adaptive_speculation=False))
+    plain = engine(None, 8).generate(batch, params)
+    spec = engine(drafter, 8).generate(batch, params)
+    als = [a for o in spec for a in o.acceptance_lengths]
+    assert 1 < sum(als) / len(als) < drafter.config.num_draft_tokens + 1, "drafts must be partly accepted"
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert [o.token_ids for o in engine(drafter, 1).generate(batch[:2], params)] == [o.token_ids for o in plain[:2]]
+    for p, o in list(zip(batch, spec))[:2]:
+        oracle = generate_cache_free(target, p, params.max_tokens, drafter)
+        assert (o.token_ids, o.acceptance_lengths) == (oracle.token_ids, oracle.acceptance_lengths)
+
+
+def edited_checkpoint(src: Path, dst: Path, edit) -> Path:
+    """A copy of the checkpoint at `src` whose config.json (and files) `edit(cfg, dst)` changes."""
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    edit(cfg, dst)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
 def lfm2_model(seed: int = 0, moe: bool = False):
     """A random transformers LFM2 (short conv, attention, conv, attention), scaled as `hf_model`; with
     `moe`, LFM2-MoE: the first layer dense, the others sigmoid-routed experts with a random expert bias

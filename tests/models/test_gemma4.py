@@ -2,7 +2,6 @@
 layers, per-layer embeddings, softcapping and the MoE variant, with sliding-window layers on the per-
 sequence state interface — against transformers, rolled back across the window edge, lossless in the engine."""
 
-import json
 import shutil
 
 import pytest
@@ -10,11 +9,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import hybrid_models as hm
-from decode_oracle import generate_cache_free
-from blockdraft.engine.engine import EngineConfig, LLMEngine
 from blockdraft.errors import CheckpointError, ConfigError
 from blockdraft.loading import load_drafter, load_target
-from blockdraft.sampling.params import SamplingParams
 
 PROMPT = torch.tensor([[5, 17, 3, 88, 41, 9, 60, 2, 33, 71, 12]])     # 11 tokens > window 4
 
@@ -40,6 +36,20 @@ def test_logits_and_greedy_match_transformers(hybrid_root, moe, multimodal):
     assert hm.greedy_with_cache(ours, PROMPT, 16) == generated[0].tolist()
 
 
+def test_tied_embeddings_as_published_load(tmp_path):
+    """Gemma 4 ships tied embeddings (transformers' default): no lm_head tensor in the files."""
+    import transformers as tf
+    torch.manual_seed(5)
+    cfg = hm.gemma4_text_config(False, tie_word_embeddings=True)
+    hf = tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(**cfg)).eval()
+    hf.save_pretrained(tmp_path)
+    assert "lm_head.weight" not in load_file(str(tmp_path / "model.safetensors"))
+    ours = load_target(tmp_path, dtype="float32")
+    assert ours.config.tie_word_embeddings and ours.lm_head.weight is ours.embed_tokens.weight
+    with torch.no_grad():
+        assert (ours.logits(PROMPT) - hf(PROMPT).logits).abs().max().item() <= 1e-4
+
+
 def test_published_shared_layer_kv_tensors_are_set_aside(hybrid_root, tmp_path):
     """Published E2B/E4B files carry k/v projections for the shared-KV layers, which never run them."""
     dst = tmp_path / "published"
@@ -63,29 +73,11 @@ def test_rollback_across_the_window_edge_is_bitwise(hybrid_root):
 def test_speculative_equals_plain_and_the_cache_free_loop(hybrid_root, moe, quantization):
     target = load_target(checkpoint(hybrid_root, moe), dtype="bfloat16", quantization=quantization)
     drafter = load_drafter(hm.trained_drafter_dir(str(hybrid_root), "dspark", moe, "gemma4"), target)
-    prompts = hm.prompts(8, seed=21, low=3, high=40)
-    params = SamplingParams(max_tokens=16, ignore_eos=True)
-    config = EngineConfig(max_batch=8, cache_budget_bytes=4 << 20, max_model_len=128, adaptive_speculation=False)
-    plain = LLMEngine(target, None, config).generate(prompts, params)
-    spec = LLMEngine(target, drafter, config).generate(prompts, params)
-    als = [a for o in spec for a in o.acceptance_lengths]
-    assert 1 < sum(als) / len(als) < drafter.config.num_draft_tokens + 1, "drafts must be partly accepted"
-    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
-    one = LLMEngine(target, drafter, EngineConfig(max_batch=1, cache_budget_bytes=4 << 20, max_model_len=128,
-                                                  adaptive_speculation=False)).generate(prompts[:2], params)
-    assert [o.token_ids for o in one] == [o.token_ids for o in plain[:2]]
-    for p, o in list(zip(prompts, spec))[:2]:
-        oracle = generate_cache_free(target, p, params.max_tokens, drafter)
-        assert (o.token_ids, o.acceptance_lengths) == (oracle.token_ids, oracle.acceptance_lengths)
+    hm.check_speculative_equals_plain(target, drafter)
 
 
 def _edited(root, tmp_path, edit):
-    dst = tmp_path / "bad"
-    shutil.copytree(checkpoint(root), dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    edit(cfg, dst)
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
+    return hm.edited_checkpoint(checkpoint(root), tmp_path / "bad", edit)
 
 
 def test_malformed_checkpoints_are_named_errors(hybrid_root, tmp_path):

@@ -10,12 +10,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import hybrid_models as hm
-from decode_oracle import generate_cache_free
 from blockdraft.checkpoints import mxfp4
-from blockdraft.engine.engine import EngineConfig, LLMEngine
 from blockdraft.errors import CheckpointError, ConfigError
 from blockdraft.loading import load_drafter, load_target
-from blockdraft.sampling.params import SamplingParams
 
 PROMPT = torch.tensor([[5, 17, 3, 88, 41, 9, 60, 2, 33, 71, 12, 40, 7, 19]])     # 14 tokens > window 8
 
@@ -90,29 +87,11 @@ def test_rollback_across_the_window_edge_is_bitwise(hybrid_root):
 def test_speculative_equals_plain_and_the_cache_free_loop(hybrid_root, quantization):
     target = load_target(checkpoint(hybrid_root), dtype="bfloat16", quantization=quantization)
     drafter = load_drafter(hm.trained_drafter_dir(str(hybrid_root), "dspark", False, "gpt_oss"), target)
-    prompts = hm.prompts(8, seed=21, low=3, high=40)
-    params = SamplingParams(max_tokens=16, ignore_eos=True)
-    config = EngineConfig(max_batch=8, cache_budget_bytes=4 << 20, max_model_len=128, adaptive_speculation=False)
-    plain = LLMEngine(target, None, config).generate(prompts, params)
-    spec = LLMEngine(target, drafter, config).generate(prompts, params)
-    als = [a for o in spec for a in o.acceptance_lengths]
-    assert 1 < sum(als) / len(als) < drafter.config.num_draft_tokens + 1, "drafts must be partly accepted"
-    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
-    one = LLMEngine(target, drafter, EngineConfig(max_batch=1, cache_budget_bytes=4 << 20, max_model_len=128,
-                                                  adaptive_speculation=False)).generate(prompts[:2], params)
-    assert [o.token_ids for o in one] == [o.token_ids for o in plain[:2]]
-    for p, o in list(zip(prompts, spec))[:2]:
-        oracle = generate_cache_free(target, p, params.max_tokens, drafter)
-        assert (o.token_ids, o.acceptance_lengths) == (oracle.token_ids, oracle.acceptance_lengths)
+    hm.check_speculative_equals_plain(target, drafter)
 
 
 def _edited(root, tmp_path, edit):
-    dst = tmp_path / "bad"
-    shutil.copytree(checkpoint(root), dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    edit(cfg, dst)
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
+    return hm.edited_checkpoint(checkpoint(root), tmp_path / "bad", edit)
 
 
 def test_malformed_checkpoints_are_named_errors(hybrid_root, tmp_path):
@@ -144,3 +123,27 @@ def test_malformed_checkpoints_are_named_errors(hybrid_root, tmp_path):
         save_file(tensors, str(d / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"missing tensors \['layers.1.self_attn.sinks'\]"):
         load_target(_edited(hybrid_root, tmp_path / "d", drop_sinks))
+
+
+def test_zlab_gpt_oss_dflash_layout_loads(hybrid_root, tmp_path):
+    """z-lab's gpt-oss DFlash drafters: Qwen3 blocks with q/k/v/o biases and the target's yarn RoPE."""
+    src = hm.drafter_dir(hybrid_root, "dflash", taps=(0, 2), seed=4)
+    dst = tmp_path / "zlab-gpt-oss"
+    dst.mkdir()
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(attention_bias=True, rope_theta=150000.0, rope_scaling={
+        "rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096})
+    (dst / "config.json").write_text(json.dumps(cfg))
+    tensors = load_file(str(src / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    for name in [n for n in tensors if n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"))]:
+        tensors[name.replace(".weight", ".bias")] = torch.randn(tensors[name].shape[0], generator=g) * 0.1
+    save_file(tensors, str(dst / "model.safetensors"))
+    target = load_target(checkpoint(hybrid_root), dtype="bfloat16")
+    drafter = load_drafter(dst, target)
+    attn = drafter.layers[0].self_attn
+    assert drafter.config.rope.rope_type == "yarn" and attn.q_proj.bias is not None and attn.v_proj.bias is not None
+    del tensors["layers.0.self_attn.k_proj.bias"]
+    save_file(tensors, str(dst / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="layers.0.self_attn.k_proj.bias"):
+        load_drafter(dst, target)

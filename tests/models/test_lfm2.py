@@ -1,19 +1,13 @@
 """LFM2 targets (transformers `lfm2`, `lfm2_moe`): short-conv layers on the same per-sequence state interface as
 Qwen3.5's DeltaNet (`cache/state.py`), against transformers, rolled back bitwise, lossless in the engine."""
 
-import json
-import shutil
-
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 import hybrid_models as hm
-from decode_oracle import generate_cache_free
-from blockdraft.engine.engine import EngineConfig, LLMEngine
 from blockdraft.errors import CheckpointError, ConfigError
 from blockdraft.loading import load_target
-from blockdraft.sampling.params import SamplingParams
 
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
@@ -74,29 +68,11 @@ def test_speculative_equals_plain_and_the_cache_free_loop(hybrid_root, moe, quan
     target = load_target(hm.checkpoint(str(hybrid_root), moe, arch="lfm2"), dtype="bfloat16",
                          quantization=quantization)
     drafter = load_drafter(hm.trained_drafter_dir(str(hybrid_root), "dspark", moe, "lfm2"), target)
-    prompts = hm.prompts(8, seed=21, low=3, high=40)
-    params = SamplingParams(max_tokens=16, ignore_eos=True)
-    config = EngineConfig(max_batch=8, cache_budget_bytes=4 << 20, max_model_len=128, adaptive_speculation=False)
-    plain = LLMEngine(target, None, config).generate(prompts, params)
-    spec = LLMEngine(target, drafter, config).generate(prompts, params)
-    als = [a for o in spec for a in o.acceptance_lengths]
-    assert 1 < sum(als) / len(als) < drafter.config.num_draft_tokens + 1, "drafts must be partly accepted"
-    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
-    one = LLMEngine(target, drafter, EngineConfig(max_batch=1, cache_budget_bytes=4 << 20, max_model_len=128,
-                                                  adaptive_speculation=False)).generate(prompts[:2], params)
-    assert [o.token_ids for o in one] == [o.token_ids for o in plain[:2]]
-    for p, o in list(zip(prompts, spec))[:2]:
-        oracle = generate_cache_free(target, p, params.max_tokens, drafter)
-        assert (o.token_ids, o.acceptance_lengths) == (oracle.token_ids, oracle.acceptance_lengths)
+    hm.check_speculative_equals_plain(target, drafter)
 
 
 def _edited(hybrid_root, tmp_path, edit, moe=False):
-    dst = tmp_path / "bad"
-    shutil.copytree(hm.checkpoint(str(hybrid_root), moe, arch="lfm2"), dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    edit(cfg, dst)
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
+    return hm.edited_checkpoint(hm.checkpoint(str(hybrid_root), moe, arch="lfm2"), tmp_path / "bad", edit)
 
 
 def test_malformed_checkpoints_are_named_errors(hybrid_root, tmp_path):
