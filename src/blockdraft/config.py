@@ -236,6 +236,9 @@ class TargetConfig(DecoderDims):
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_attention_heads={self.num_heads} is not divisible by "
                               f"num_key_value_heads={self.num_kv_heads}")
+        if self.global_kv_heads is not None and self.num_heads % self.global_kv_heads:
+            raise ConfigError(f"num_attention_heads={self.num_heads} is not divisible by the full-attention "
+                              f"layers' key/value heads ({self.global_kv_heads})")
 
     def layer_type(self, layer: int) -> str:
         return self.layer_types[layer] if self.layer_types else "full_attention"

@@ -33,11 +33,13 @@ log = logging.getLogger(__name__)
 
 def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
                 quantization: str | None = None, device: str | torch.device = "cpu") -> TargetModel:
-    """A HF Llama/Qwen3 directory (config.json + safetensors, sharded or not) -> TargetModel.
-    `quantization` int8 / int4: weight-only layers (`layers/quant.py`), bf16 activations, CPU."""
+    """A HF causal-LM directory (config.json + safetensors, sharded or not; `supported-models.md` lists the
+    architectures) -> TargetModel. `quantization` int8 / int4: weight-only layers (`layers/quant.py`),
+    bf16 activations, CPU."""
     model_dir = Path(model_dir)
     scheme = check_scheme(quantization, torch_dtype(dtype), device)
     cfg = resolve_target(read_json(model_dir / "config.json"))
+    cfg = dataclasses.replace(cfg, eos_token_ids=_generation_eos(model_dir, cfg.eos_token_ids))
     tensors, skipped = _target_names(load_state_dict(model_dir), cfg)
     if cfg.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
@@ -52,6 +54,20 @@ def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
     model.skipped_tensors = skipped
     plan_linears(model)                              # measure the row-invariant kernel plans now
     return model.eval().requires_grad_(False)
+
+
+def _generation_eos(model_dir: Path, eos: tuple[int, ...]) -> tuple[int, ...]:
+    """The end-of-sequence ids generation stops at: `generation_config.json`'s `eos_token_id` (what
+    transformers' `generate` stops at — gpt-oss lists <|return|>, <|endoftext|> and <|call|> there, Gemma 4
+    its end-of-turn token), then config.json's."""
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return eos
+    ids = read_json(path).get("eos_token_id")
+    ids = [] if ids is None else ids if isinstance(ids, list) else [ids]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ConfigError(f"{path}: eos_token_id must be a token id or a list of them, got {ids!r}")
+    return tuple(dict.fromkeys([*ids, *eos]))
 
 
 # tensors a published checkpoint carries that the text decoder does not run, by prefix (after the

@@ -76,8 +76,8 @@ def test_speculative_equals_plain_and_the_cache_free_loop(hybrid_root, moe, quan
     hm.check_speculative_equals_plain(target, drafter)
 
 
-def _edited(root, tmp_path, edit):
-    return hm.edited_checkpoint(checkpoint(root), tmp_path / "bad", edit)
+def _edited(root, tmp_path, edit, moe=False):
+    return hm.edited_checkpoint(checkpoint(root, moe), tmp_path / "bad", edit)
 
 
 def test_malformed_checkpoints_are_named_errors(hybrid_root, tmp_path):
@@ -95,6 +95,38 @@ def test_malformed_checkpoints_are_named_errors(hybrid_root, tmp_path):
         save_file(tensors, str(d / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"missing tensors \['layers.3.layer_scalar'\]"):
         load_target(_edited(hybrid_root, tmp_path / "d", drop))
+
+
+def test_malformed_moe_checkpoints_are_named_errors(hybrid_root, tmp_path):
+    with pytest.raises(ConfigError, match=r"target config.json has no 'num_experts' \(it is null\)"):
+        load_target(_edited(hybrid_root, tmp_path / "a", lambda c, d: c.update(num_experts=None), moe=True))
+    def three_heads(cfg, d):
+        for layer in cfg["per_layer_config"].values():
+            layer["num_key_value_heads"] = 3
+    with pytest.raises(ConfigError, match="per_layer_config num_key_value_heads=3 does not divide num_attention_heads=4"):
+        load_target(_edited(hybrid_root, tmp_path / "b", three_heads, moe=True))
+    older = {"per_layer_config": None, "num_global_key_value_heads": 3}       # the pre-5.15 spelling
+    with pytest.raises(ConfigError, match="num_global_key_value_heads=3 does not divide num_attention_heads=4"):
+        load_target(_edited(hybrid_root, tmp_path / "b2", lambda c, d: c.update(older), moe=True))
+
+    def drop(cfg, d):
+        tensors = load_file(str(d / "model.safetensors"))
+        del tensors["model.layers.2.experts.gate_up_proj"]
+        save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"missing tensors \['layers.2.experts.gate_up_proj'\]"):
+        load_target(_edited(hybrid_root, tmp_path / "c", drop, moe=True))
+
+
+def test_the_multimodal_head_is_tied_by_the_outer_config():
+    """transformers ties Gemma4ForConditionalGeneration's head by the outer config (default True), whatever
+    `text_config` says."""
+    import transformers as tf
+    from blockdraft.checkpoints.resolve import resolve_target
+    text = hm.gemma4_text_config(False, tie_word_embeddings=False)
+    for outer in ({}, {"tie_word_embeddings": False}):
+        cfg = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "text_config": text, **outer}
+        hf = tf.Gemma4Config(text_config=text, **outer)
+        assert resolve_target(cfg).tie_word_embeddings is hf.tie_word_embeddings is outer.get("tie_word_embeddings", True)
 
 
 def test_dspark_training_teaches_the_capped_distribution(hybrid_root):

@@ -117,12 +117,47 @@ def test_malformed_checkpoints_are_named_errors(hybrid_root, tmp_path):
     with pytest.raises(CheckpointError, match="down_proj is in the checkpoint both as bf16 and as MXFP4"):
         load_target(_edited(hybrid_root, tmp_path / "e", both_forms))
 
+    def drop_experts(cfg, d):
+        tensors = load_file(str(d / "model.safetensors"))
+        del tensors["model.layers.2.mlp.experts.down_proj_bias"]
+        save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"missing tensors \['layers.2.mlp.experts.down_proj_bias'\]"):
+        load_target(_edited(hybrid_root, tmp_path / "f", drop_experts))
+    with pytest.raises(ConfigError, match=r"target config.json has no 'num_local_experts'"):
+        load_target(_edited(hybrid_root, tmp_path / "g", lambda c, d: c.update(num_local_experts=None)))
+
     def drop_sinks(cfg, d):
         tensors = load_file(str(d / "model.safetensors"))
         del tensors["model.layers.1.self_attn.sinks"]
         save_file(tensors, str(d / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"missing tensors \['layers.1.self_attn.sinks'\]"):
         load_target(_edited(hybrid_root, tmp_path / "d", drop_sinks))
+
+
+def test_generation_stops_at_the_generation_config_eos_ids(hybrid_root, tmp_path):
+    """gpt-oss lists three end tokens in generation_config.json (config.json names one): transformers'
+    `generate` stops at each, and so do we."""
+    import json
+    import transformers as tf
+    from blockdraft.llm import LLM
+    from blockdraft.sampling.params import SamplingParams
+    prompt = [[5, 17, 3, 88, 41, 9]]
+    free = LLM(target=str(checkpoint(hybrid_root)), drafter=None, dtype="bfloat16").generate(
+        prompt_token_ids=prompt, sampling_params=SamplingParams(max_tokens=12, ignore_eos=True))[0].token_ids
+    stop = free[3]
+
+    def published(cfg, d):
+        (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [cfg["eos_token_id"], stop, 9]}))
+    target = _edited(hybrid_root, tmp_path / "a", published)
+    assert set(load_target(target).config.eos_token_ids) == set(tf.GenerationConfig.from_pretrained(target).eos_token_id)
+    out = LLM(target=str(target), drafter=None, dtype="bfloat16").generate(
+        prompt_token_ids=prompt, sampling_params=SamplingParams(max_tokens=12))[0]
+    assert out.token_ids == free[:free.index(stop) + 1] and out.finish_reason == "stop"
+
+    def bad(cfg, d):
+        (d / "generation_config.json").write_text(json.dumps({"eos_token_id": ["<|return|>"]}))
+    with pytest.raises(ConfigError, match=r"eos_token_id must be a token id or a list of them, got \['<\|return\|>'\]"):
+        load_target(_edited(hybrid_root, tmp_path / "b", bad))
 
 
 def test_zlab_gpt_oss_dflash_layout_loads(hybrid_root, tmp_path):

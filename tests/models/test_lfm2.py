@@ -41,6 +41,35 @@ def test_tied_embeddings_and_the_published_defaults_load(tmp_path):
     assert ours.config.tie_word_embeddings and ours.lm_head.weight is ours.embed_tokens.weight
 
 
+# LiquidAI/LFM2-1.2B's config.json as published: LFM2's own spellings (`block_ff_dim`, `tie_embedding`,
+# `full_attn_idxs`, `conv_L_cache`, `norm_eps`), no `intermediate_size`.
+LFM2_1_2B = {
+    "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "vocab_size": 65536, "hidden_size": 2048,
+    "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 128000,
+    "block_ff_dim": 12288, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": True,
+    "full_attn_idxs": [2, 5, 8, 10, 12, 14], "conv_L_cache": 3, "conv_bias": False, "norm_eps": 1e-05,
+    "rope_theta": 1000000.0, "tie_embedding": True, "bos_token_id": 1, "eos_token_id": 7, "pad_token_id": 0,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_the_published_1_2b_config_resolves_as_transformers_builds_it():
+    import transformers as tf
+    from blockdraft.checkpoints.resolve import resolve_target
+    ours = resolve_target(dict(LFM2_1_2B))
+    hf = tf.Lfm2Config(**LFM2_1_2B)
+    with torch.device("meta"):
+        w1 = tf.models.lfm2.modeling_lfm2.Lfm2MLP(hf).w1.weight
+    assert ours.intermediate_size == w1.shape[0] == 8192
+    assert ours.tie_word_embeddings is hf.tie_word_embeddings is True
+    assert ours.rope.theta == hf.rope_parameters["rope_theta"] == 1e6
+    assert [t == "full_attention" for t in ours.layer_types] == [t == "full_attention" for t in hf.layer_types]
+    assert ours.eos_token_ids == (7,) and ours.rms_norm_eps == 1e-5
+    # the rope base left out: LFM2's default (1e6), not Llama's 1e4
+    unset = {k: v for k, v in LFM2_1_2B.items() if k != "rope_theta"}
+    assert resolve_target(unset).rope.theta == tf.Lfm2Config(**unset).rope_parameters["rope_theta"]
+
+
 def test_rollback_is_bitwise_the_state_of_the_accepted_rows(hybrid_root):
     target = load_target(hm.checkpoint(str(hybrid_root), arch="lfm2"), dtype="bfloat16")
     k = target.config.short_conv.conv_kernel

@@ -132,8 +132,8 @@ def resolve_rope(cfg: dict) -> RopeConfig:
 
 
 def _require(cfg: dict, key: str, what: str) -> Any:
-    if key not in cfg:
-        raise ConfigError(f"{what} config.json has no {key!r}")
+    if cfg.get(key) is None:
+        raise ConfigError(f"{what} config.json has no {key!r}" + (" (it is null)" if key in cfg else ""))
     return cfg[key]
 
 
@@ -221,16 +221,29 @@ def _eos_ids(cfg: dict) -> tuple[int, ...]:
     return tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
 
 
+def _text_decoder(outer: dict, tie_default: bool) -> dict:
+    """The text decoder's config: a multimodal layout's `text_config`, with the outer config's
+    `eos_token_id` / `bos_token_id` where it lacks them and the outer `tie_word_embeddings` (absent:
+    `tie_default`, the multimodal class's default), which is what transformers ties that model's head by;
+    else the config itself."""
+    text = outer.get("text_config")
+    if not text:
+        return dict(outer)
+    cfg = dict(text)
+    for key in ("eos_token_id", "bos_token_id"):
+        if key not in cfg and key in outer:
+            cfg[key] = outer[key]
+    cfg["tie_word_embeddings"] = outer.get("tie_word_embeddings", tie_default)
+    return cfg
+
+
 LEGACY_LAYER_TYPES = {"attention": "full_attention", "mamba": "linear_attention"}
 
 
 def _resolve_qwen3_5(outer: dict, arch: str) -> TargetConfig:
     """transformers' `qwen3_5` / `qwen3_5_moe`: a text-only config, or the multimodal one whose text
     decoder sits under `text_config` (the vision tower is not run)."""
-    cfg = dict(outer.get("text_config") or outer)
-    for key in ("tie_word_embeddings", "eos_token_id", "bos_token_id"):
-        if key not in cfg and key in outer:
-            cfg[key] = outer[key]
+    cfg = _text_decoder(outer, tie_default=False)
     if cfg.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"hidden_act={cfg['hidden_act']!r} is not supported (only 'silu')")
     layers = int(_require(cfg, "num_hidden_layers", "target"))
@@ -285,7 +298,10 @@ def _resolve_lfm2(cfg: dict, arch: str) -> TargetConfig:
     if not isinstance(types, list):
         raise ConfigError(f"layer_types must be a list, got {types!r}")
     types = tuple(LFM2_LAYER_TYPES.get(t, t) for t in types)
-    inter = int(cfg.get("block_ff_dim", _require(cfg, "intermediate_size", "target")))
+    # transformers' Lfm2Config: `block_ff_dim` (LFM2-1.2B's spelling) wins over `intermediate_size`;
+    # Lfm2MoeConfig reads `intermediate_size` only. Absent: their defaults.
+    inter = cfg.get("block_ff_dim") if arch == "lfm2" else None
+    inter = int(inter or cfg.get("intermediate_size") or (12288 if arch == "lfm2" else 7168))
     moe = None
     if arch == "lfm2_moe":
         moe = MoeConfig(num_experts=int(_require(cfg, "num_experts", "target")),
@@ -302,9 +318,13 @@ def _resolve_lfm2(cfg: dict, arch: str) -> TargetConfig:
             inter = int(multiplier * inter)
             inter = multiple * ((inter + multiple - 1) // multiple)
     dims = dict(cfg, intermediate_size=inter, rms_norm_eps=cfg.get("norm_eps", cfg.get("rms_norm_eps", 1e-5)))
+    rope = dims.get("rope_parameters") or dims.get("rope_scaling") or {}
+    if "rope_theta" not in rope:
+        dims.setdefault("rope_theta", 1_000_000.0)              # LFM2's default_theta
     return TargetConfig(
         architecture=arch, **_dims(dims, "target"),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", cfg.get("tie_embedding", True))),
+        # LFM2's own spelling `tie_embedding` wins where both are given, as in transformers
+        tie_word_embeddings=bool(cfg.get("tie_embedding", cfg.get("tie_word_embeddings", True))),
         qk_norm=True, max_position_embeddings=int(cfg.get("max_position_embeddings", 128_000)),
         bos_token_id=cfg.get("bos_token_id"), eos_token_ids=_eos_ids(cfg), layer_types=types, moe=moe,
         short_conv=ShortConvConfig(conv_dim=int(cfg["hidden_size"]), conv_kernel=int(cfg.get("conv_L_cache", 3)),
@@ -373,7 +393,11 @@ def _gemma4_full_layers(cfg: dict, full: list[int]) -> tuple[int, int | None, Ro
         geometry = dict(value)
     k_eq_v = bool(cfg.get("attention_k_eq_v", False))
     head_dim = int(geometry.get("head_dim", cfg.get("global_head_dim", 512)))
+    field = "per_layer_config num_key_value_heads" if "num_key_value_heads" in geometry else "num_global_key_value_heads"
     kv = geometry.get("num_key_value_heads", cfg.get("num_global_key_value_heads") if k_eq_v else None)
+    heads = int(cfg.get("num_attention_heads", 8))
+    if kv is not None and (int(kv) < 1 or heads % int(kv)):
+        raise ConfigError(f"{field}={kv} does not divide num_attention_heads={heads}")
     rope = cfg.get("rope_parameters") or {}
     rope = rope if "rope_type" in rope else rope.get("full_attention", GEMMA4_ROPE["full_attention"])
     return head_dim, None if kv is None else int(kv), resolve_rope({"rope_parameters": rope})
@@ -384,10 +408,7 @@ def _resolve_gemma4(outer: dict) -> TargetConfig:
     run) or `gemma4_text`: 5:1 sliding/full layers (the last full), full layers' own head geometry,
     q/k/v norms, k = v on full layers, shared-KV layers, per-layer embeddings, a GeGLU MLP beside optional
     routed experts, final-logit softcapping. Defaults are transformers' `Gemma4TextConfig`'s."""
-    cfg = dict(outer.get("text_config") or outer)
-    for key in ("tie_word_embeddings", "eos_token_id", "bos_token_id"):
-        if key not in cfg and key in outer:
-            cfg[key] = outer[key]
+    cfg = _text_decoder(outer, tie_default=True)
     layers = int(_require(cfg, "num_hidden_layers", "target"))
     if cfg.get("use_bidirectional_attention") == "all":
         raise ConfigError("use_bidirectional_attention='all' makes every layer bidirectional: not a causal "
