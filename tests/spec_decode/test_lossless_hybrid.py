@@ -9,6 +9,7 @@ the whole sequence each step. Sampling: the chi-square test of the dense targets
 
 import pytest
 import hybrid_models as hm
+from blockdraft.loading import load_target
 from decode_oracle import generate_cache_free
 from blockdraft.engine.engine import EngineConfig, LLMEngine
 from blockdraft.errors import ConfigError
@@ -87,6 +88,33 @@ def test_state_is_billed_per_batch_row(hybrid_root):
     assert big.num_blocks < small.num_blocks                       # the same budget holds fewer KV pages
     with pytest.raises(ConfigError, match="drafter reserve and recurrent state of"):
         _engine(target, None, max_batch=8, budget=big.state_bytes)
+
+
+@pytest.mark.parametrize("arch, moe", [("gpt_oss", False), ("gemma4", True)], ids=["gpt_oss", "gemma4"])
+def test_sliding_layers_are_billed_their_window_and_full_layers_their_pages(hybrid_root, arch, moe):
+    """From the checkpoint's config.json: each sliding layer that keeps its own K/V holds W-1 rows of
+    K ‖ V per sequence (billed for every batch row); only full layers that keep their own K/V get pages,
+    at the full layers' geometry (Gemma 4: `per_layer_config`). What is billed is what is allocated."""
+    import json
+    target = load_target(hm.checkpoint(str(hybrid_root), moe, arch=arch), dtype="bfloat16")
+    cfg = json.loads((target.source_dir / "config.json").read_text())
+    layers, window = cfg["num_hidden_layers"], cfg["sliding_window"]
+    own = range(layers - (cfg.get("num_kv_shared_layers") or 0))              # layers that keep their own K/V
+    full_geometry = next(iter((cfg.get("per_layer_config") or {}).values()), {})
+    kv_heads, head_dim = cfg["num_key_value_heads"], cfg["head_dim"]
+    sliding = [i for i in own if cfg["layer_types"][i] == "sliding_attention"]
+    full = [i for i in own if cfg["layer_types"][i] == "full_attention"]
+    per_row = len(sliding) * (window - 1) * 2 * kv_heads * head_dim * 2       # bf16
+    engine = _engine(target, None, max_batch=3)
+    assert engine.plan.state_bytes == 3 * per_row
+    states = engine.runner.states
+    assert sorted(states.windows) == sliding
+    assert sum(t.numel() * t.element_size() for t in states.windows.values()) == 3 * per_row
+    pool = engine.runner.target_pool
+    assert sorted(pool.k) == full
+    geometry = (full_geometry.get("num_key_value_heads", kv_heads), full_geometry.get("head_dim", head_dim))
+    assert all(t.shape[1:] == geometry for t in [*pool.k.values(), *pool.v.values()])
+    assert engine.plan.target_bytes_per_block == len(full) * 2 * engine.plan.page_size * geometry[0] * geometry[1] * 2
 
 
 def test_speculative_sampling_matches_the_hybrid_target_distribution():
