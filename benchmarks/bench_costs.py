@@ -91,9 +91,8 @@ def shaped(cfg):
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.02)
-        for name, b in model.named_buffers():
-            if name.endswith("expert_bias"):
-                b.zero_()
+        for name, b in model.named_buffers():     # to_empty left them unset: routing biases 0, layer scalars 1
+            b.fill_(1.0 if name.endswith("layer_scalar") else 0.0)
     model.tie_weights()
     return model.to(torch.bfloat16).eval().requires_grad_(False)
 

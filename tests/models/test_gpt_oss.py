@@ -83,6 +83,31 @@ def test_rollback_across_the_window_edge_is_bitwise(hybrid_root):
     hm.check_rollback(target, PROMPT[:, :12], torch.tensor([[11, 40, 3, 90, 27, 6]]))
 
 
+def test_int4_runs_every_expert_at_4_bits_with_its_biases(hybrid_root):
+    """--quantization int4 converts the stacked experts too (one weight-only layer per expert and
+    projection): each expert's output is its dequantized weight's, bias included, and a row's does not
+    depend on how many rows the expert runs on."""
+    from blockdraft.layers.linear import stable_linear
+    from blockdraft.layers.quant import QuantizedExperts
+    bf16 = load_target(checkpoint(hybrid_root), dtype="bfloat16")
+    int4 = load_target(checkpoint(hybrid_root), dtype="bfloat16", quantization="int4")
+    ex, ref = int4.layers[1].mlp.experts, bf16.layers[1].mlp.experts
+    assert isinstance(ex, QuantizedExperts) and len(ex.gate_up_e) == len(ex.down_e) == int4.config.moe.num_experts
+    x = torch.randn(5, int4.config.hidden_size).bfloat16()
+    for e in (0, 3):
+        layer = ex.gate_up_e[e]
+        assert torch.equal(layer.bias, ref.gate_up_proj_bias[e])
+        assert torch.allclose(ex.gate_up(e, x).float(), stable_linear(x, layer.weight, layer.bias).float(),
+                              atol=0.02, rtol=0.02)
+        assert torch.equal(ex.gate_up(e, x)[2:3], ex.gate_up(e, x[2:3]))
+        err = (layer.weight.float() - ref.gate_up_proj[e].float()).abs().max()
+        assert 0 < err <= ref.gate_up_proj[e].float().abs().max() / 7        # within one 4-bit level of the group
+    ids = torch.randint(0, hm.VOCAB, (1, 12))
+    with torch.no_grad():
+        assert torch.nn.functional.cosine_similarity(int4.logits(ids).float().flatten(),
+                                                     bf16.logits(ids).float().flatten(), dim=0) > 0.95
+
+
 @pytest.mark.parametrize("quantization", ["none", "int4"])
 def test_speculative_equals_plain_and_the_cache_free_loop(hybrid_root, quantization):
     target = load_target(checkpoint(hybrid_root), dtype="bfloat16", quantization=quantization)

@@ -43,6 +43,14 @@ class Experts(nn.Module):
         self.gate_up_proj_bias = nn.Parameter(torch.zeros(num_experts, 2 * intermediate)) if bias else None
         self.down_proj_bias = nn.Parameter(torch.zeros(num_experts, hidden)) if bias else None
 
+    def gate_up(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert e's gate then up rows for x [n, H] -> [n, 2I]."""
+        return stable_linear(x, self.gate_up_proj[e], None if self.gate_up_proj_bias is None else self.gate_up_proj_bias[e])
+
+    def down(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert e's down projection for x [n, I] -> [n, H]."""
+        return stable_linear(x, self.down_proj[e], None if self.down_proj_bias is None else self.down_proj_bias[e])
+
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
     """gpt-oss: (clamp(up, ±limit) + 1) · g · sigmoid(1.702 g), g = min(gate, limit)."""
@@ -95,21 +103,20 @@ class SparseMoe(DirectCall):
         return out.view(shape)
 
 
-def mix_experts(flat: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ex: Experts, m: MoeConfig) -> torch.Tensor:
-    """Σ_k weights[:, k] · expert_{ids[:, k]}(flat) for flat [n, H], summed per token in ascending expert order."""
+def mix_experts(flat: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ex: nn.Module, m: MoeConfig) -> torch.Tensor:
+    """Σ_k weights[:, k] · expert_{ids[:, k]}(flat) for flat [n, H], summed per token in ascending expert order.
+    `ex` is `Experts` or its weight-only quantized form (`quant.QuantizedExperts`): an expert runs on its rows only."""
     out = torch.zeros_like(flat)
     for e in torch.unique(ids).tolist():                                         # ascending expert ids
         token, slot = torch.where(ids == e)
-        gate_up = stable_linear(flat[token], ex.gate_up_proj[e], None if ex.gate_up_proj_bias is None
-                                else ex.gate_up_proj_bias[e])
-        gate, up = gate_up.chunk(2, dim=-1)
+        gate, up = ex.gate_up(e, flat[token]).chunk(2, dim=-1)
         if m.activation == "silu":
             act = lanewise(F.silu, gate) * up
         elif m.activation == "gelu_tanh":
             act = lanewise(gelu_tanh, gate) * up
         else:
             act = clamped_swiglu(gate, up, m.swiglu_limit)
-        y = stable_linear(act, ex.down_proj[e], None if ex.down_proj_bias is None else ex.down_proj_bias[e])
+        y = ex.down(e, act)
         out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
     return out
 

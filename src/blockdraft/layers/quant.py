@@ -33,6 +33,7 @@ from ..config import DENSE_ARCHITECTURES
 from ..errors import ConfigError
 from . import cpu_kernels as kernels
 from .direct import DirectCall
+from .moe import Experts
 
 SCHEMES = ("none", "int8", "int4")          # what a user picks; int8_g32 is the LM head of both
 INT4_GROUP = 32
@@ -186,17 +187,43 @@ def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) ->
     return model
 
 
+class QuantizedExperts(nn.Module):
+    """A MoE block's stacked experts (`moe.Experts`) as one `scheme` weight-only layer per expert and
+    projection, biases kept: what `mix_experts` runs, reading an expert's weights only for its rows."""
+
+    def __init__(self, ex: nn.Module, scheme: str, kernel: str | None):
+        super().__init__()
+
+        def per_expert(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.ModuleList:
+            return nn.ModuleList(QuantizedLinear(weight[e], None if bias is None else bias[e], scheme, kernel)
+                                 for e in range(weight.shape[0]))
+        self.gate_up_e = per_expert(ex.gate_up_proj, ex.gate_up_proj_bias)      # [2I, H] each
+        self.down_e = per_expert(ex.down_proj, ex.down_proj_bias)               # [H, I] each
+
+    def gate_up(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        return self.gate_up_e[e](x)
+
+    def down(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        return self.down_e[e](x)
+
+
+def _kernel_takes(out_features: int, in_features: int) -> bool:
+    return out_features % 16 == 0 and in_features % INT4_GROUP == 0
+
+
 def _quantize_hybrid(model: nn.Module, scheme: str, kernel: str | None) -> nn.Module:
     """Targets with state layers (Qwen3.5, LFM2) or MoE: every projection whose shape the kernels take (out a
-    multiple of 16, in of 32) as `scheme`; the small ones (DeltaNet's b/a heads, the shared-expert gate), the
-    router and the stacked experts stay bf16. The layers run one by one (no fused stack: the per-sequence
-    state is not in it)."""
+    multiple of 16, in of 32) as `scheme`, the stacked experts one layer per expert (`QuantizedExperts`,
+    where both projections' shapes fit); the small ones (DeltaNet's b/a heads, the shared-expert gate) and
+    the router stay bf16. The layers run one by one (no fused stack: the per-sequence state is not in it)."""
     for layer in model.layers:
         for parent in list(layer.modules()):
             for name, child in list(parent.named_children()):
-                if (isinstance(child, nn.Linear) and child.out_features % 16 == 0
-                        and child.in_features % INT4_GROUP == 0):
+                if isinstance(child, nn.Linear) and _kernel_takes(child.out_features, child.in_features):
                     setattr(parent, name, QuantizedLinear(child.weight, child.bias, scheme, kernel))
+                elif (isinstance(child, Experts) and _kernel_takes(*child.gate_up_proj.shape[1:])
+                      and _kernel_takes(*child.down_proj.shape[1:])):
+                    setattr(parent, name, QuantizedExperts(child, scheme, kernel))
     head = "int8_g32" if model.lm_head.weight.shape[1] % INT4_GROUP == 0 else "int8"
     model.lm_head = QuantizedLinear(model.lm_head.weight, None, head, kernel)
     model.fused = None
