@@ -1,7 +1,7 @@
 """Speculative decoding end to end on MoE-shaped targets: measured speed against plain decoding, the
 width policy deciding.
 
-    python benchmarks/bench_moe_spec.py [--families lfm2-moe,gpt-oss,gemma4-moe] [--rates 0.5,0.7,0.85]
+    python benchmarks/bench_moe_spec.py [--families lfm2-moe,gpt-oss,gemma4-moe] [--rates 0.5,0.7,0.85,0.95]
                                         [--numerics int4] [--repeats 3] [--prompt 300] [--tokens 64] [--threads 1]
 
 `bench_moe_width.py` predicts the policy's width from timed passes and an assumed acceptance; this
@@ -10,15 +10,17 @@ greedy continuation: its LM head scores token σ(t) highest after token t, for a
 permutation σ (the head's row σ(t) is t's embedding direction; the embedding is large against the
 layers' random updates, so the last token decides). A 1-layer DSpark drafter (block 8) is built to
 know that chain for a share a of the vocabulary: its Markov head's W1[t] · W2[σ(t)] is large for a
-"known" t, while an unknown t's W1 row is random. Slot i of a block is then accepted with probability
-about aⁱ, as in `bench_moe_width.py`, and each drafted token really runs through the drafter, the
-target's verify pass over the union of the rows' experts, and the rollback.
+"known" t and as large negative for an unknown one (which the drafter's own hidden-state guess, read through
+the target's head, cannot outweigh). Slot i of a block is then accepted with probability about aⁱ, as
+in `bench_moe_width.py`, and each drafted token really runs through the drafter, the target's verify
+pass over the union of the rows' experts, and the rollback.
 
-For each target and a, in one process and interleaved by repeat: plain decoding (no drafter), the
-engine with its width policy on (`EngineConfig` defaults; one untimed warm-up request first, so the
-policy has measured its costs and acceptance, as a running server's has), and the engine held at the
-full width 8. Reported per run: tokens/s (median over repeats) and its ratio to plain, mean
-acceptance length, mean drafted width per step, and whether the greedy output equals plain decoding's.
+For each target and a, in one process and interleaved by repeat (each repeat its own random prompt):
+plain decoding (no drafter), the engine with its width policy on (`EngineConfig` defaults; one untimed
+warm-up request first, so the policy has measured its costs and acceptance, as a running server's
+has), and the engine held at the full width 8. Reported per run: tokens/s (median over repeats) and
+its ratio to plain, mean acceptance length, mean drafted width per step, the measured per-slot
+acceptance at full width, and whether the greedy output equals plain decoding's.
 Writes benchmarks/results/moe_spec.json and docs/moe_spec.png.
 """
 
@@ -67,10 +69,8 @@ def chained_drafter(target, perm: torch.Tensor, rate: float):
     g = torch.Generator().manual_seed(2)
     codes = torch.randn(vocab, MARKOV_RANK, generator=g)
     codes = codes / codes.norm(dim=-1, keepdim=True)                    # [vocab, rank], unit rows
-    w1 = codes.clone()
     unknown = torch.rand(vocab, generator=g) >= rate
-    w1[unknown] = torch.randn(int(unknown.sum()), MARKOV_RANK, generator=g)
-    w1[unknown] /= w1[unknown].norm(dim=-1, keepdim=True)
+    w1 = torch.where(unknown[:, None], -codes, codes)     # an unknown t's bias holds perm[t] at -scale
     w2 = torch.empty_like(codes)
     w2[perm] = codes * MARKOV_SCALE                                     # bias(t)[perm[t]] = scale for a known t
     head = drafter.markov_head
@@ -95,15 +95,38 @@ def timed(eng, prompt: list[int], tokens: int) -> dict:
     out = eng.generate([prompt], SamplingParams(max_tokens=tokens, ignore_eos=True))[0]
     seconds = time.perf_counter() - t0
     steps = max(len(out.acceptance_lengths), 1)
-    return {"tok_s": len(out.token_ids) / seconds, "tokens": out.token_ids,
-            "al": statistics.fmean(out.acceptance_lengths) if out.acceptance_lengths else 1.0,
+    return {"tok_s": len(out.token_ids) / seconds, "tokens": out.token_ids, "als": out.acceptance_lengths,
             "width": out.drafted / steps}
+
+
+def slot_rates(als: list[int]) -> list[float]:
+    """From full-width steps' acceptance lengths: P(slot i accepted | slots before it were), i = 1..block."""
+    reached = [sum(a - 1 >= i for a in als) for i in range(BLOCK + 1)]
+    return [reached[i] / reached[i - 1] if reached[i - 1] else float("nan") for i in range(1, BLOCK + 1)]
+
+
+def plot(report: dict) -> None:
+    """docs/moe_spec.png: speed against plain per acceptance rate, the policy and full width per target."""
+    if not (made := new_figure(figsize=(7, 3.8))):
+        return
+    fig, ax = made
+    rates = report["rates"]
+    for k, (name, row) in enumerate(report["models"].items()):
+        for kind, style in (("policy", "-o"), (f"width {BLOCK}", "--x")):
+            ax.plot(rates, [row[f"{kind} a={a}"]["vs_plain"] for a in rates], style, color=f"C{k}",
+                    label=f"{name}, {kind}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("per-slot acceptance a (drafter's known share)")
+    ax.set_ylabel("tokens/s vs plain decoding")
+    ax.set_title(f"MoE targets end to end, batch 1, {report['threads']} thread(s), {report['cpu']} ({report['isa']})")
+    ax.legend(fontsize=7)
+    save_figure(fig, "moe_spec")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", default="lfm2-moe,gpt-oss,gemma4-moe")
-    ap.add_argument("--rates", default="0.5,0.7,0.85")
+    ap.add_argument("--rates", default="0.5,0.7,0.85,0.95")
     ap.add_argument("--numerics", default="int4")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompt", type=int, default=300)
@@ -111,13 +134,14 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    from blockdraft.layers import cpu_kernels as kernels
     from blockdraft.numerics import cpu_model
 
     rates = [float(a) for a in args.rates.split(",")]
     configs = shaped_configs()
     max_len = args.prompt + 4 * args.tokens + 2 * BLOCK + 16     # the policy's warm-up request is 4x longer
     runs: dict[str, dict] = {}                     # "family numerics" -> mode -> engine
-    prompts: dict[str, list[int]] = {}
+    prompts: dict[str, list[list[int]]] = {}
     with torch.inference_mode():
         for family in args.families.split(","):
             cfg = configs[family]
@@ -130,8 +154,9 @@ def main() -> int:
                     drafter = chained_drafter(target, perm, a)
                     modes[f"policy a={a}"] = engine(target, drafter, True, max_len)
                     modes[f"width {BLOCK} a={a}"] = engine(target, drafter, False, max_len)
-                prompts[name] = torch.randint(0, cfg.vocab_size, (args.prompt,),
-                                              generator=torch.Generator().manual_seed(4)).tolist()
+                prompts[name] = [torch.randint(0, cfg.vocab_size, (args.prompt,),     # one per repeat
+                                               generator=torch.Generator().manual_seed(10 + r)).tolist()
+                                 for r in range(args.repeats)]
                 warm = torch.randint(0, cfg.vocab_size, (args.prompt,),
                                      generator=torch.Generator().manual_seed(5)).tolist()
                 for mode, eng in modes.items():            # warm-up: kernel plans, the policy's measurements
@@ -143,11 +168,11 @@ def main() -> int:
             for name, modes in runs.items():
                 order = list(modes) if r % 2 == 0 else list(modes)[::-1]
                 for mode in order:
-                    results[name][mode].append(timed(modes[mode], prompts[name], args.tokens))
+                    results[name][mode].append(timed(modes[mode], prompts[name][r], args.tokens))
                 print(r, name, {m: round(v[-1]["tok_s"], 2) for m, v in results[name].items()},
                       file=sys.stderr, flush=True)
-    report = {"cpu": cpu_model(), "threads": args.threads, "prompt": args.prompt, "tokens": args.tokens,
-              "repeats": args.repeats, "block": BLOCK, "rates": rates, "models": {}}
+    report = {"cpu": cpu_model(), "isa": kernels.best_isa(), "threads": args.threads, "prompt": args.prompt,
+              "tokens": args.tokens, "repeats": args.repeats, "block": BLOCK, "rates": rates, "models": {}}
     for name, modes in results.items():
         plain = statistics.median(x["tok_s"] for x in modes["plain"])
         row = {"plain_tok_s": plain}
@@ -155,9 +180,11 @@ def main() -> int:
             if mode == "plain":
                 continue
             speed = statistics.median(x["tok_s"] for x in xs)
+            als = [a for x in xs for a in x["als"]] or [1]
             row[mode] = {"tok_s": speed, "vs_plain": speed / plain,
                          "vs_plain_per_repeat": [x["tok_s"] / p["tok_s"] for x, p in zip(xs, modes["plain"])],
-                         "mean_al": statistics.fmean(x["al"] for x in xs),
+                         "mean_al": statistics.fmean(als),
+                         **({"slot_acceptance": slot_rates(als)} if mode.startswith("width") else {}),
                          "mean_width": statistics.fmean(x["width"] for x in xs),
                          "equals_plain": all(x["tokens"] == p["tokens"] for x, p in zip(xs, modes["plain"]))}
         report["models"][name] = row
@@ -165,17 +192,7 @@ def main() -> int:
     print(json.dumps({n: {m: (v if isinstance(v, float) else {k: v[k] for k in ("vs_plain", "mean_al", "mean_width",
                                                                                  "equals_plain")})
                           for m, v in row.items()} for n, row in report["models"].items()}, indent=1))
-    if made := new_figure(figsize=(7, 3.8)):
-        fig, ax = made
-        for name, row in report["models"].items():
-            for kind, style in (("policy", "-o"), (f"width {BLOCK}", "--x")):
-                ax.plot(rates, [row[f"{kind} a={a}"]["vs_plain"] for a in rates], style, label=f"{name}, {kind}")
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xlabel("per-slot acceptance a (drafter's known share)")
-        ax.set_ylabel("tokens/s vs plain decoding")
-        ax.set_title(f"MoE targets end to end, batch 1, {args.threads} thread(s)")
-        ax.legend(fontsize=7)
-        save_figure(fig, "moe_spec")
+    plot(report)
     return 0
 
 

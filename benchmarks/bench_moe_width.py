@@ -7,11 +7,12 @@ A verify pass of R rows on a MoE target reads the union of its rows' experts —
 where one row reads top-k — so its cost grows with R faster than a dense target's. For each family-shaped
 random target (`bench_costs.shaped_configs`) this measures, in one process and interleaved by repeat:
 the target's pass over R = 1..9 rows after a `--context`-token prefill, state commit included (median of
-`--repeats`), and one block pass of a 1-layer DSpark drafter of the target's width (`new_drafter`, block 8).
-Those costs go into the engine's own `DraftWidthPolicy` — cost(width w) = drafter + target(w + 1 rows),
-cost(0) = target(1 row) — with acceptance counts for a per-slot acceptance rate a (slot i accepted with
-probability a^i); the policy's chosen width and its expected speed against plain decoding,
-E(w)/cost(w) ÷ 1/cost(0), are reported per a. Random weights: real routers spread tokens over experts
+`--repeats`), and one block pass of a 1-layer DSpark drafter of the target's width (`new_drafter`, block
+8) in the target's numerics. Those costs go into the engine's own `DraftWidthPolicy` — cost(width w) =
+drafter + target(w + 1 rows), cost(0) = target(1 row) — with acceptance counts for a per-slot
+acceptance rate a (slot i accepted with probability a^i); the policy's chosen width and its expected
+speed against plain decoding, E(w)/cost(w) ÷ 1/cost(0), are reported per a. `bench_moe_spec.py` runs
+the engine end to end instead. Random weights: real routers spread tokens over experts
 differently, so a real checkpoint's expert reads, and so its costs, can differ.
 Writes benchmarks/results/moe_width.json and docs/moe_width.png.
 """
@@ -29,14 +30,16 @@ import torch
 from bench_costs import hybrid_step, shaped, shaped_configs
 from results_io import new_figure, save_figure, write_results
 
-RATES = (0.5, 0.7, 0.85)
+RATES = (0.5, 0.7, 0.85, 0.95)
 MAX_WIDTH = 8
 
 
 def drafter_cost(target, repeats: int, context: int) -> float:
     from blockdraft.checkpoints.publish import new_drafter
+    from blockdraft.layers.quant import quantize_drafter
     n = target.config.num_layers
     drafter = new_drafter(target, "dspark", 1, MAX_WIDTH, (1, n // 2, n - 2), mask_token_id=0, markov_rank=64)
+    quantize_drafter(drafter, getattr(target, "quantization", "none"))     # the target's numerics, as load_drafter
     cache = drafter.new_cache(1, context + 32)
     taps = torch.randn(1, context, 3 * target.config.hidden_size).to(target.dtype)
     drafter.extend_context(taps, cache)
@@ -72,6 +75,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from blockdraft.layers.quant import quantize_target
+    from blockdraft.layers import cpu_kernels as kernels
     from blockdraft.numerics import cpu_model
 
     configs = shaped_configs()
@@ -80,8 +84,8 @@ def main() -> int:
         for numerics in args.numerics.split(","):
             m = shaped(configs[family])
             models[f"{family} {numerics}"] = quantize_target(m, "int4") if numerics == "int4" else m
-    report = {"cpu": cpu_model(), "threads": args.threads, "context": args.context, "repeats": args.repeats,
-              "rates": RATES, "max_width": MAX_WIDTH, "models": {}}
+    report = {"cpu": cpu_model(), "isa": kernels.best_isa(), "threads": args.threads, "context": args.context,
+              "repeats": args.repeats, "rates": RATES, "max_width": MAX_WIDTH, "models": {}}
     g = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         caches, drafts = {}, {}

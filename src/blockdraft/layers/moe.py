@@ -45,11 +45,13 @@ class Experts(nn.Module):
 
     def gate_up(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert e's gate then up rows for x [n, H] -> [n, 2I]."""
-        return stable_linear(x, self.gate_up_proj[e], None if self.gate_up_proj_bias is None else self.gate_up_proj_bias[e])
+        bias = None if self.gate_up_proj_bias is None else self.gate_up_proj_bias[e]
+        return stable_linear(x, self.gate_up_proj[e], bias)
 
     def down(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert e's down projection for x [n, I] -> [n, H]."""
-        return stable_linear(x, self.down_proj[e], None if self.down_proj_bias is None else self.down_proj_bias[e])
+        bias = None if self.down_proj_bias is None else self.down_proj_bias[e]
+        return stable_linear(x, self.down_proj[e], bias)
 
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
@@ -103,7 +105,8 @@ class SparseMoe(DirectCall):
         return out.view(shape)
 
 
-def mix_experts(flat: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ex: nn.Module, m: MoeConfig) -> torch.Tensor:
+def mix_experts(flat: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ex: nn.Module,
+                m: MoeConfig) -> torch.Tensor:
     """Σ_k weights[:, k] · expert_{ids[:, k]}(flat) for flat [n, H], summed per token in ascending expert order.
     `ex` is `Experts` or its weight-only quantized form (`quant.QuantizedExperts`): an expert runs on its rows only."""
     out = torch.zeros_like(flat)

@@ -191,7 +191,7 @@ class QuantizedExperts(nn.Module):
     """A MoE block's stacked experts (`moe.Experts`) as one `scheme` weight-only layer per expert and
     projection, biases kept: what `mix_experts` runs, reading an expert's weights only for its rows."""
 
-    def __init__(self, ex: nn.Module, scheme: str, kernel: str | None):
+    def __init__(self, ex: Experts, scheme: str, kernel: str | None):
         super().__init__()
 
         def per_expert(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.ModuleList:
