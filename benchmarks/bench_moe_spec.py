@@ -47,6 +47,7 @@ EMBED_SCALE = 10.0      # embedding rows against the random layers' residual upd
 def chained_target(cfg, numerics: str, perm: torch.Tensor):
     """A shaped random target whose greedy next token after t is perm[t] (an untied LM head)."""
     from blockdraft.layers.quant import quantize_target
+    from blockdraft.models.qwen3_5 import OffsetRMSNorm
     model = shaped(dataclasses.replace(cfg, tie_word_embeddings=False))
     with torch.no_grad():
         embed = torch.randn(cfg.vocab_size, cfg.hidden_size, generator=torch.Generator().manual_seed(1))
@@ -55,7 +56,7 @@ def chained_target(cfg, numerics: str, perm: torch.Tensor):
         head = torch.empty_like(unit)
         head[perm] = unit                      # row perm[t] points along t: score ~ sqrt(hidden) for it
         model.lm_head.weight.copy_(head)
-        model.norm.weight.fill_(0.0 if type(model.norm).__name__ == "OffsetRMSNorm" else 1.0)   # gain 1
+        model.norm.weight.fill_(0.0 if isinstance(model.norm, OffsetRMSNorm) else 1.0)   # gain 1
     return quantize_target(model, "int4") if numerics == "int4" else model
 
 
@@ -78,15 +79,6 @@ def chained_drafter(target, perm: torch.Tensor, rate: float):
         head.markov_w1.weight.copy_(w1)
         head.markov_w2.weight.copy_(w2)
     return quantize_drafter(drafter, getattr(target, "quantization", "none"))
-
-
-def engine(target, drafter, adaptive: bool, max_len: int):
-    from blockdraft.cache.plan import PAGE_SIZE
-    from blockdraft.engine.engine import EngineConfig, LLMEngine, default_cache_budget
-    max_len = -(-max_len // PAGE_SIZE) * PAGE_SIZE
-    return LLMEngine(target, drafter, EngineConfig(
-        max_batch=1, max_model_len=max_len, adaptive_speculation=adaptive, prefix_caching=False,
-        cache_budget_bytes=default_cache_budget(target, drafter, max_len, 1)))
 
 
 def timed(eng, prompt: list[int], tokens: int) -> dict:
@@ -134,6 +126,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    from blockdraft.engine.engine import sized_engine
     from blockdraft.layers import cpu_kernels as kernels
     from blockdraft.numerics import cpu_model
 
@@ -149,11 +142,12 @@ def main() -> int:
             for numerics in args.numerics.split(","):
                 name = f"{family} {numerics}"
                 target = chained_target(cfg, numerics, perm)
-                modes = {"plain": engine(target, None, True, max_len)}
+                modes = {"plain": sized_engine(target, None, 1, max_len, frozenset())}
                 for a in rates:
                     drafter = chained_drafter(target, perm, a)
-                    modes[f"policy a={a}"] = engine(target, drafter, True, max_len)
-                    modes[f"width {BLOCK} a={a}"] = engine(target, drafter, False, max_len)
+                    modes[f"policy a={a}"] = sized_engine(target, drafter, 1, max_len, frozenset())
+                    modes[f"width {BLOCK} a={a}"] = sized_engine(target, drafter, 1, max_len, frozenset(),
+                                                                 adaptive_speculation=False)
                 prompts[name] = [torch.randint(0, cfg.vocab_size, (args.prompt,),     # one per repeat
                                                generator=torch.Generator().manual_seed(10 + r)).tolist()
                                  for r in range(args.repeats)]

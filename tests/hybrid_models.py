@@ -146,6 +146,16 @@ def edited_checkpoint(src: Path, dst: Path, edit) -> Path:
     return dst
 
 
+def without_tensor(name: str):
+    """An `edited_checkpoint` edit that deletes the tensor `name` from model.safetensors."""
+    def edit(cfg: dict, dst: Path) -> None:
+        from safetensors.torch import load_file, save_file
+        tensors = load_file(str(dst / "model.safetensors"))
+        del tensors[name]
+        save_file(tensors, str(dst / "model.safetensors"))
+    return edit
+
+
 def lfm2_model(seed: int = 0, moe: bool = False):
     """A random transformers LFM2 (short conv, attention, conv, attention), scaled as `hf_model`; with
     `moe`, LFM2-MoE: the first layer dense, the others sigmoid-routed experts with a random expert bias

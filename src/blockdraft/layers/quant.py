@@ -207,10 +207,6 @@ class QuantizedExperts(nn.Module):
         return self.down_e[e](x)
 
 
-def _kernel_takes(out_features: int, in_features: int) -> bool:
-    return out_features % 16 == 0 and in_features % INT4_GROUP == 0
-
-
 def _quantize_hybrid(model: nn.Module, scheme: str, kernel: str | None) -> nn.Module:
     """Targets with state layers (Qwen3.5, LFM2) or MoE: every projection whose shape the kernels take (out a
     multiple of 16, in of 32) as `scheme`, the stacked experts one layer per expert (`QuantizedExperts`,
@@ -219,10 +215,10 @@ def _quantize_hybrid(model: nn.Module, scheme: str, kernel: str | None) -> nn.Mo
     for layer in model.layers:
         for parent in list(layer.modules()):
             for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear) and _kernel_takes(child.out_features, child.in_features):
+                if isinstance(child, nn.Linear) and kernels.supports(child.out_features, child.in_features):
                     setattr(parent, name, QuantizedLinear(child.weight, child.bias, scheme, kernel))
-                elif (isinstance(child, Experts) and _kernel_takes(*child.gate_up_proj.shape[1:])
-                      and _kernel_takes(*child.down_proj.shape[1:])):
+                elif (isinstance(child, Experts) and kernels.supports(*child.gate_up_proj.shape[1:])
+                      and kernels.supports(*child.down_proj.shape[1:])):
                     setattr(parent, name, QuantizedExperts(child, scheme, kernel))
     head = "int8_g32" if model.lm_head.weight.shape[1] % INT4_GROUP == 0 else "int8"
     model.lm_head = QuantizedLinear(model.lm_head.weight, None, head, kernel)
