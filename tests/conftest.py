@@ -43,6 +43,9 @@ def pytest_terminal_summary(terminalreporter):
     layers ran unfused. Under CI=true that fails the run (`pytest_sessionfinish`)."""
     from blockdraft.layers import cpu_kernels
 
+    if cpu_kernels.available() and cpu_kernels.best_isa() != "amx":
+        terminalreporter.write_line(f"blockdraft's AMX tile paths were not tested: this CPU has none (kernels ran "
+                                    f"{cpu_kernels.best_isa()})")
     if not cpu_kernels.available():
         terminalreporter.write_sep("!", "blockdraft's CPU kernels did not build (no working C compiler, or "
                                    "BLOCKDRAFT_NO_CPU_KERNELS): their tests were skipped"

@@ -71,6 +71,40 @@ def test_own_kernel_gives_the_same_bits_on_every_instruction_set_and_thread_coun
     torch.testing.assert_close(outs["portable"].double(), ref, rtol=1e-2, atol=1e-3 * ref.abs().max().item())
 
 
+# every weight shape of the default model (SmolLM2-135M: q/k/v, o, gate/up, down, the 8-bit LM head) and of
+# LFM2-1.2B (q/k/v, o and the short convolutions' in/out, gate/up, down), and tails: a group count that is
+# no multiple of the tile pipeline's ring, one block of columns, an odd number of blocks
+AMX_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576), (3072, 2048), (2048, 2048),
+              (6144, 2048), (16384, 2048), (2048, 8192), (16, 352), (48, 32), (80, 224)]
+
+
+@pytest.mark.skipif(not kernels.available() or kernels.best_isa() != "amx", reason="this CPU has no AMX tiles")
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("shape", AMX_SHAPES)
+def test_amx_tiles_give_the_vnni_bits_at_every_row_count(shape, bits):
+    """The int8 and bf16 tile layouts, and the per-pass choice between them and the VNNI path, sum the same
+    integers and run the same float epilogue: every row count 1..32 gives the VNNI path's bits."""
+    n, k = shape
+    if bits == 8 and n * k > 8 * 2 ** 20 and n != 49152:           # the 8-bit layer that ships is the LM head
+        pytest.skip("8-bit weights of this shape do not ship (the body is 4-bit)")
+    g = torch.Generator().manual_seed(n + k + bits)
+    w = torch.randn(n, k, generator=g) * torch.logspace(-2, 0, k)[torch.randperm(k, generator=g)]
+    packed, scales = kernels.pack(w, bits)
+    x = (torch.randn(32, k, generator=g) * torch.logspace(-3, 1, k)).bfloat16()
+    x[5, :32] = torch.tensor([32512.0, -32512.0] + [s * (i + 0.5) for i in range(15) for s in (1, -1)])
+    x[7, -32:] = torch.tensor([0.0, 1e-30] + [-0.0] * 30)
+    x[11] = 0
+    vnni = kernels.matmul(x, packed, scales, bits, n, "avx512vnni")
+    every = n * k <= 2 ** 21           # the large shapes at the row counts where a path or a pass changes
+    for rows in range(1, 33) if every else (1, 2, 3, 8, 9, 15, 16, 17, 25, 32):
+        for isa in ("amx", "amx-int8", "amx-bf16"):
+            out = kernels.matmul(x[:rows], packed, scales, bits, n, isa)
+            assert torch.equal(out.view(torch.int16), vnni[:rows].view(torch.int16)), (isa, rows)
+    residual = torch.randn(9, n, generator=g).bfloat16()
+    assert torch.equal(kernels.matmul(x[:9], packed, scales, bits, n, "amx", residual),
+                       kernels.matmul(x[:9], packed, scales, bits, n, "avx512vnni", residual))
+
+
 def test_own_kernel_keeps_the_q4_1_levels():
     """Weights already on a Q4_1 grid (the default model's GGUF, dequantized) come back on it."""
     g = torch.Generator().manual_seed(4)

@@ -14,9 +14,9 @@
  * 0.00157), where 8-bit ones, as llama.cpp and ONNX Runtime's int4 CPU path use, measured ~3x
  * PyTorch's kernel's KL (benchmarks/bench_fidelity.py).
  * The inner sums are integers (exact), and every row runs the same float operations in the same
- * order whatever the row count, the thread count or the instruction set (AVX512-VNNI, AVX2 and
- * the portable path give the same bits): a verify over k+1 rows rounds each row exactly as a
- * one-row decoding step does.
+ * order whatever the row count, the thread count or the instruction set (AMX tiles, AVX512-VNNI, AVX2
+ * and the portable path give the same bits): a verify over k+1 rows rounds each row exactly as a
+ * one-row decoding step does, even where the row count picks another path.
  *
  * Weight layout, per block of 16 output columns and per group (written by layers/cpu_kernels.py):
  *   q4: 4 x 64 bytes; in the t-th 64 bytes, column c's 4 bytes hold q[c, 8t+b] | q[c, 8t+4+b] << 4
@@ -30,6 +30,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* AMX tiles need the intrinsics (GCC >= 11, clang >= 12) and, on Linux, the kernel's leave to use them */
+#if defined(__linux__) && defined(__x86_64__) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
+#define BD_AMX 1
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #define GROUP 32
 #define COLS 16          /* output columns per block */
 #define ROWS 32          /* rows whose accumulators one pass over a block's weights keeps */
@@ -37,11 +46,31 @@
 #define PREFETCH 2048    /* bytes ahead of the weights being multiplied */
 #endif
 
-enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512VNNI = 2 };
+/* ISA_AMX chooses per pass of rows between the VNNI path and the two tile layouts below (all give the same
+ * bits); ISA_AMX_INT8 and ISA_AMX_BF16 take one tile layout for every pass it can run (tests, benchmarks). */
+enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512VNNI = 2, ISA_AMX = 3, ISA_AMX_INT8 = 4, ISA_AMX_BF16 = 5 };
+
+/* Whether this process may run AMX int8 tiles: the CPU has them (CPUID.7.0:EDX bits 24 and 25) and Linux
+ * grants the tile data state, which it hands out only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
+ * XFEATURE_XTILEDATA; the grant is per process and idempotent). */
+static int amx_granted(void) {
+    static int granted = -1;         /* -1: not asked yet; asking again is harmless, so no lock */
+    if (granted < 0) {
+        granted = 0;
+#ifdef BD_AMX
+        unsigned a, b, c, d;
+        if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22)) && (d & (1u << 24)) && (d & (1u << 25)) &&
+            __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi"))     /* BF16, TILE, INT8 */
+            granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#endif
+    }
+    return granted;
+}
 
 int bd_best_isa(void) {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")) return ISA_AVX512VNNI;
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw"))
+        return amx_granted() ? ISA_AMX : ISA_AVX512VNNI;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ISA_AVX2;
     return ISA_PORTABLE;
 }
@@ -78,10 +107,15 @@ static inline float f16_to_f32(uint16_t h) {   /* exact, as vcvtph2ps */
     return f;
 }
 
-/* Activations of one call: hi and lo bytes [rows, K], dx [rows, G] and, per group, dx * sum(qx)
- * (q4's m term) and the sums of hi and of lo (q8's +128 offset). */
+/* Activations of one call: hi and lo bytes [rows, K] interleaved by row (row r's hi bytes at hi + 2 half r, its
+ * lo bytes at lo + 2 half r = hi + (2r + 1) half: a tile reads a row's two halves as two rows at stride half,
+ * K plus padding), dx [rows, G]
+ * and, per group, dx * sum(qx) (q4's m term) and the sums of hi and of lo (q8's +128 offset). */
 typedef struct {
     int8_t *hi, *lo;
+    size_t half;
+    uint16_t *ab;          /* AMX bf16 path (q4): 256 hi and lo as bf16, row r's at ab + r 2 bhalf and + bhalf */
+    size_t bhalf;          /* in bf16 elements */
     float *dx, *sx;
     int32_t *sumhi, *sumlo;
 } Acts;
@@ -101,7 +135,7 @@ static void quantize_rows(const uint16_t *x, int rows, int K, Acts *a) {
             }
             float d = amax / QMAX, id = amax > 0.0f ? QMAX / amax : 0.0f;
             int32_t s = 0, sh = 0, sl = 0;
-            int8_t *hi = a->hi + (size_t)r * K + g * GROUP, *lo = a->lo + (size_t)r * K + g * GROUP;
+            int8_t *hi = a->hi + (size_t)r * 2 * a->half + g * GROUP, *lo = a->lo + (size_t)r * 2 * a->half + g * GROUP;
             for (int k = 0; k < GROUP; k++) {
                 float t = roundf(v[k] * id);
                 t = t > QMAX ? QMAX : (t < -QMAX ? -QMAX : t);
@@ -153,7 +187,7 @@ static void quantize_rows_avx2(const uint16_t *x, int rows, int K, Acts *a) {
                 lo[i] = _mm256_srai_epi32(_mm256_slli_epi32(q[i], 24), 24);           /* the low byte, signed */
                 hi[i] = _mm256_srai_epi32(_mm256_sub_epi32(q[i], lo[i]), 8);
             }
-            int8_t *hd = a->hi + (size_t)r * K + g * GROUP, *ld = a->lo + (size_t)r * K + g * GROUP;
+            int8_t *hd = a->hi + (size_t)r * 2 * a->half + g * GROUP, *ld = a->lo + (size_t)r * 2 * a->half + g * GROUP;
             __m256i hb = _mm256_packs_epi16(_mm256_packs_epi32(hi[0], hi[1]), _mm256_packs_epi32(hi[2], hi[3]));
             __m256i lb = _mm256_packs_epi16(_mm256_packs_epi32(lo[0], lo[1]), _mm256_packs_epi32(lo[2], lo[3]));
             _mm256_storeu_si256((__m256i *)hd, _mm256_permutevar8x32_epi32(hb, order));
@@ -215,7 +249,7 @@ static void block_portable(const uint8_t *w, const uint16_t *sc, int bits, int G
         for (int r = 0; r < n; r++) {
             size_t row = (size_t)(r0 + r);
             int32_t isum[COLS];
-            dot_portable(wg, a->hi + row * K + g * GROUP, a->lo + row * K + g * GROUP, bits, isum);
+            dot_portable(wg, a->hi + row * 2 * a->half + g * GROUP, a->lo + row * 2 * a->half + g * GROUP, bits, isum);
             float ddx[COLS];
             for (int c = 0; c < COLS; c++) ddx[c] = d[c] * a->dx[row * G + g];
             for (int c = 0; c < COLS; c++) {
@@ -242,8 +276,8 @@ static inline void tile_avx2(const uint8_t *w, const uint16_t *sc, int bits, int
         for (size_t off = 0; off < wstride; off += 64) _mm_prefetch((const char *)(wg + PREFETCH + off), _MM_HINT_T0);
         const int32_t *xh[3], *xl[3];
         for (int r = 0; r < R; r++) {
-            xh[r] = (const int32_t *)(a->hi + (size_t)(r0 + r) * K + g * GROUP);
-            xl[r] = (const int32_t *)(a->lo + (size_t)(r0 + r) * K + g * GROUP);
+            xh[r] = (const int32_t *)(a->hi + (size_t)(r0 + r) * 2 * a->half + g * GROUP);
+            xl[r] = (const int32_t *)(a->lo + (size_t)(r0 + r) * 2 * a->half + g * GROUP);
         }
         __m256i isum[3][2];
         if (bits == 4) {        /* |pair| <= 2*15*128, 8 of them fit int16: widen once */
@@ -335,8 +369,8 @@ static inline void tile_avx512(const uint8_t *w, const uint16_t *sc, int bits, i
         __m512 mv = bits == 4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + COLS))) : dv;
         for (int r = 0; r < R; r++) {
             size_t row = (size_t)(r0 + r);
-            const int32_t *xh = (const int32_t *)(a->hi + row * K + g * GROUP);
-            const int32_t *xl = (const int32_t *)(a->lo + row * K + g * GROUP);
+            const int32_t *xh = (const int32_t *)(a->hi + row * 2 * a->half + g * GROUP);
+            const int32_t *xl = (const int32_t *)(a->lo + row * 2 * a->half + g * GROUP);
             __m512i ih = _mm512_setzero_si512(), il = _mm512_setzero_si512();
             __m512i jh = _mm512_setzero_si512(), jl = _mm512_setzero_si512();
             for (int j = 0; j < 8; j += 2) {                /* two chains each: exact integer sums */
@@ -372,6 +406,256 @@ static void block_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, 
     }
 }
 
+#ifdef BD_AMX
+/* ---- AMX: the integer group sums of up to 16 rows x 16 columns per group in tiles ----
+ * TDPBSUD multiplies signed activation bytes (tile A: a group's 32 inputs of up to 8 rows, each row's hi
+ * and lo bytes as two tile rows) by unsigned weight bytes (tile B: 8 x 64, row j = inputs 4j..4j+3 of the
+ * 16 columns, the layout the weights are packed in) into int32 (tile C: the hi and the lo sums of each
+ * row): the same exact sums as the VNNI path's, so the float epilogue below (the same operations in the
+ * same order per row, column and group) gives the same bits. Tiles 0/1: A for rows 0-7 / 8-15 of the
+ * pass, 2: B, 3/4: C for rows 0-7 / 8-15. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+#define AMX_ROWS 16      /* rows per pass over a block's weights */
+
+/* Configure the tiles for passes of n rows, as the int8 (tile_amx) or the bf16 (tile_amx_bf16) pass lays them
+ * out; once per thread, layout and row count (released by amx_release). */
+__attribute__((target("amx-tile")))
+static void amx_configure(int n, int bf16, int *configured) {
+    int key = n + 64 * bf16;
+    if (*configured == key) return;
+    TileConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    if (bf16) {                  /* 0/1: A (256 hi / lo, n x 32 bf16), 2: B (16 pairs x 16 columns), 3: C (n x 16) */
+        cfg.rows[0] = cfg.rows[1] = cfg.rows[3] = (uint8_t)n;
+        cfg.colsb[0] = cfg.colsb[1] = cfg.colsb[3] = 64;
+        cfg.rows[2] = GROUP / 2, cfg.colsb[2] = 64;
+    } else {
+        int first = n < 8 ? n : 8, second = n - first;
+        cfg.rows[0] = (uint8_t)(2 * first), cfg.colsb[0] = GROUP;
+        cfg.rows[2] = GROUP / 4, cfg.colsb[2] = 64;
+        cfg.rows[3] = (uint8_t)(2 * first), cfg.colsb[3] = 64;
+        if (second) {
+            cfg.rows[1] = (uint8_t)(2 * second), cfg.colsb[1] = GROUP;
+            cfg.rows[4] = (uint8_t)(2 * second), cfg.colsb[4] = 64;
+        }
+    }
+    _tile_loadconfig(&cfg);
+    *configured = key;
+}
+
+__attribute__((target("amx-tile")))
+static void amx_release(int *configured) {
+    if (*configured) _tile_release();
+    *configured = 0;
+}
+
+#ifndef AMX_AHEAD
+#define AMX_AHEAD 4      /* groups between the stages of the pipelines below */
+#endif
+#define AMX_RING 8       /* buffers per stage: a power of two > AMX_AHEAD */
+
+/* R rows (a constant where it is inlined, 1..AMX_ROWS) over all groups of one block, their 16 sums each
+ * in registers, as tile_avx512 computes them. Each group goes through three stages AMX_AHEAD groups apart,
+ * interleaved with the other groups' so that tile and vector work overlap: its weights unpacked to bytes
+ * (vector stores), its tile products (tile loads of those bytes, a tile store of the sums), its float
+ * epilogue (vector loads of the sums). No load then waits on a store still in flight (a tile load of
+ * just-stored bytes, or a vector load of a just-stored tile, stalls for ~100 cycles). */
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma,amx-tile,amx-int8"), always_inline))
+static inline void tile_amx(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0,
+                            float *acc, const int R) {
+    const __m512i low = _mm512_set1_epi8(15);
+    size_t wstride = bits == 4 ? 256 : 512, sstride = bits == 4 ? 32 : 16;
+    uint8_t unpacked[AMX_RING][512] __attribute__((aligned(64)));
+    int32_t sums[AMX_RING][2 * R][COLS] __attribute__((aligned(64)));   /* [.., 2r + (0: hi, 1: lo), col] */
+    const int8_t *hl = a->hi + (size_t)r0 * 2 * a->half, *hl8 = hl + (size_t)8 * 2 * a->half;
+    __m512 o[AMX_ROWS];
+    for (int r = 0; r < R; r++) o[r] = _mm512_setzero_ps();
+    (void)K;
+    for (int i = -2 * AMX_AHEAD; i < G; i++) {
+        int p = i + 2 * AMX_AHEAD, t = i + AMX_AHEAD;
+        if (p < G) {                                    /* stage 1: unpack (q4) or prefetch (q8) group p */
+            const uint8_t *wg = w + p * wstride;
+            for (size_t off = 0; off < wstride; off += 64) _mm_prefetch((const char *)(wg + PREFETCH + off), _MM_HINT_T0);
+            if (bits == 4)
+                for (int c = 0; c < 4; c++) {        /* row 2c: low nibbles of 64-byte chunk c; 2c + 1: high */
+                    __m512i raw = _mm512_loadu_si512((const void *)(wg + 64 * c));
+                    uint8_t *dst = unpacked[p & (AMX_RING - 1)] + 128 * c;
+                    _mm512_store_si512((void *)dst, _mm512_and_si512(raw, low));
+                    _mm512_store_si512((void *)(dst + 64), _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
+                }
+        }
+        if (t >= 0 && t < G) {                          /* stage 2: the tile products of group t */
+            int32_t (*dst)[COLS] = sums[t & (AMX_RING - 1)];
+            _tile_loadd(2, bits == 4 ? unpacked[t & (AMX_RING - 1)] : w + t * wstride, 64);   /* q8: q + 128 */
+            _tile_loadd(0, hl + t * GROUP, a->half);     /* row 2r: row r's hi bytes, 2r + 1: its lo bytes */
+            _tile_zero(3);
+            _tile_dpbsud(3, 0, 2);
+            _tile_stored(3, dst[0], 64);
+            if (R > 8) {
+                _tile_loadd(1, hl8 + t * GROUP, a->half);
+                _tile_zero(4);
+                _tile_dpbsud(4, 1, 2);
+                _tile_stored(4, dst[16], 64);
+            }
+        }
+        if (i >= 0) {                                   /* stage 3: the epilogue of group i */
+            int g = i;
+            int32_t (*src)[COLS] = sums[g & (AMX_RING - 1)];
+            const uint16_t *s = sc + g * sstride;
+            __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
+            __m512 mv = bits == 4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + COLS))) : dv;
+            for (int r = 0; r < R; r++) {
+                size_t row = (size_t)(r0 + r);
+                __m512i ih = _mm512_load_si512((const void *)src[2 * r]), il = _mm512_load_si512((const void *)src[2 * r + 1]);
+                if (bits == 8) {          /* the weights were stored + 128 */
+                    ih = _mm512_sub_epi32(ih, _mm512_set1_epi32(128 * a->sumhi[row * G + g]));
+                    il = _mm512_sub_epi32(il, _mm512_set1_epi32(128 * a->sumlo[row * G + g]));
+                }
+                __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(ih, 8), il);
+                __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(a->dx[row * G + g]));
+                o[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ddx, o[r]);
+                if (bits == 4) o[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a->sx[row * G + g]), o[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(acc + r * COLS, o[r]);
+}
+
+/* ---- AMX bf16 (4-bit weights): one fp32 tile of exact group sums for up to 16 rows ----
+ * TDPBF16PS over A = 256 hi (exact in bf16: 7 significant bits) and then A = lo, against B = the weights as
+ * bf16 (0..15, exact), accumulates sum_k q (256 hi + lo) = sum_k q qx in fp32. Every product and partial sum
+ * is an integer of magnitude <= 32 * 15 * (127 * 256 + 128) < 2^24, so none is rounded, whatever order the
+ * instruction adds them in: the tile holds float(isum) exactly, and the epilogue's operations are those of
+ * the VNNI path. One tile store per group for 16 rows (the int8 tiles take one per 8 rows). */
+
+/* row r's bf16 copies of its hi and lo bytes (x 256 and x 1), as tile A reads them */
+__attribute__((target("avx512f,avx512bw")))
+static void acts_bf16(Acts *a, int rows, int K) {
+    for (int r = 0; r < rows; r++) {
+        const int8_t *hi = a->hi + (size_t)r * 2 * a->half, *lo = a->lo + (size_t)r * 2 * a->half;
+        uint16_t *dh = a->ab + (size_t)r * 2 * a->bhalf, *dl = dh + a->bhalf;
+        for (int k = 0; k < K; k += 16) {       /* exact floats: their top 16 bits are their bf16 */
+            __m512 fh = _mm512_cvtepi32_ps(_mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(hi + k))), 8));
+            __m512 fl = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(lo + k))));
+            _mm256_storeu_si256((__m256i *)(dh + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(fh), 16)));
+            _mm256_storeu_si256((__m256i *)(dl + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(fl), 16)));
+        }
+    }
+}
+
+/* The B tile of one group (256 packed bytes -> 16 rows of 64 bytes): row 4t + s holds, per column, the bf16
+ * of inputs 8t + 2s' and 8t + 2s' + 1 (s' = s % 2, from the high nibbles where s >= 2). Each row is one
+ * VPMULTISHIFTQB (the two source bytes' nibble into the low bits of two index words) and one VPERMW (the
+ * bf16 of the index's low 5 bits, 0..15 twice over). */
+__attribute__((target("avx512f,avx512bw,avx512vbmi"), always_inline))
+static inline void weights_bf16(const uint8_t *wg, uint8_t *dst) {
+    const __m512i table = _mm512_setr_epi32(0x3f800000, 0x40404000, 0x40a04080, 0x40e040c0, 0x41104100,
+                                            0x41304120, 0x41504140, 0x41704160, 0x3f800000, 0x40404000,
+                                            0x40a04080, 0x40e040c0, 0x41104100, 0x41304120, 0x41504140,
+                                            0x41704160);
+    /* bit offsets, per qword (two columns), of the bytes feeding each index word: low nibbles of bytes 0/1
+     * and 2/3 of each column's dword, then the high nibbles */
+    const __m512i shifts[4] = {_mm512_set1_epi64(0x2828202008080000LL), _mm512_set1_epi64(0x3838303018181010LL),
+                               _mm512_set1_epi64(0x2c2c24240c0c0404LL), _mm512_set1_epi64(0x3c3c34341c1c1414LL)};
+    for (int t = 0; t < 4; t++) {
+        __m512i raw = _mm512_loadu_si512((const void *)(wg + 64 * t));
+        _mm_prefetch((const char *)(wg + PREFETCH + 64 * t), _MM_HINT_T0);
+        for (int s = 0; s < 4; s++)
+            _mm512_store_si512((void *)(dst + 64 * (4 * t + s)),
+                               _mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(shifts[s], raw), table));
+    }
+}
+
+/* R rows (a constant where it is inlined, 1..AMX_ROWS) over all groups of one block of 4-bit weights, as
+ * tile_amx, in the same three stages */
+__attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vnni,fma,amx-tile,amx-bf16"), always_inline))
+static inline void tile_amx_bf16(const uint8_t *w, const uint16_t *sc, int G, const Acts *a, int r0, float *acc,
+                                 const int R) {
+    uint8_t prepared[AMX_RING][1024] __attribute__((aligned(64)));
+    float sums[AMX_RING][R][COLS] __attribute__((aligned(64)));
+    const uint16_t *ah = a->ab + (size_t)r0 * 2 * a->bhalf, *al = ah + a->bhalf;
+    const size_t stride = 4 * a->bhalf;                   /* bytes from one row's bf16 copies to the next's */
+    __m512 o[AMX_ROWS];
+    for (int r = 0; r < R; r++) o[r] = _mm512_setzero_ps();
+    for (int i = -2 * AMX_AHEAD; i < G; i++) {
+        int p = i + 2 * AMX_AHEAD, t = i + AMX_AHEAD;
+        if (p < G) weights_bf16(w + (size_t)p * 256, prepared[p & (AMX_RING - 1)]);    /* stage 1: B of group p */
+        if (t >= 0 && t < G) {                          /* stage 2: the tile products of group t */
+            _tile_loadd(2, prepared[t & (AMX_RING - 1)], 64);
+            _tile_loadd(0, ah + t * GROUP, stride);
+            _tile_loadd(1, al + t * GROUP, stride);
+            _tile_zero(3);
+            _tile_dpbf16ps(3, 0, 2);
+            _tile_dpbf16ps(3, 1, 2);
+            _tile_stored(3, sums[t & (AMX_RING - 1)], 64);
+        }
+        if (i >= 0) {                                   /* stage 3: the epilogue of group i */
+            int g = i;
+            const uint16_t *s = sc + g * 32;
+            __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
+            __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + COLS)));
+            for (int r = 0; r < R; r++) {
+                size_t row = (size_t)(r0 + r);
+                __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(a->dx[row * G + g]));
+                o[r] = _mm512_fmadd_ps(_mm512_load_ps(sums[g & (AMX_RING - 1)][r]), ddx, o[r]);
+                o[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a->sx[row * G + g]), o[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(acc + r * COLS, o[r]);
+}
+
+/* Which path ISA_AMX takes for a pass of m rows (measured on a 2-core Xeon with AMX, in
+ * benchmarks/bench_costs.py): one or two rows on the VNNI path (a tile pass costs ~40 cycles a group
+ * whatever its rows), 4-bit passes of 9 rows or more on the bf16 tiles (one tile store a group for up to
+ * 16 rows), the rest on the int8 tiles. */
+#ifndef AMX_MIN_ROWS
+#define AMX_MIN_ROWS 3
+#endif
+#ifndef AMX_BF16_ROWS
+#define AMX_BF16_ROWS 9
+#endif
+
+#define TILE_AMX_CASE(R) case R: tile_amx(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, R); break;
+#define TILE_AMX_BF16_CASE(R) case R: tile_amx_bf16(w, sc, G, a, r0 + r, acc + r * COLS, R); break;
+
+/* rows r0..r0+n-1 over one block, in passes of up to AMX_ROWS rows, each on the path `isa` picks for it */
+__attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vnni,fma,amx-tile,amx-int8,amx-bf16")))
+static void block_amx(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0, int n,
+                      float *acc, int isa, int *configured) {
+    for (int r = 0; r < n; r += AMX_ROWS) {
+        int m = n - r < AMX_ROWS ? n - r : AMX_ROWS;
+        int bf16 = isa == ISA_AMX_BF16 || (isa == ISA_AMX && m >= AMX_BF16_ROWS);
+        if (bits != 4 || a->ab == NULL) bf16 = 0;
+        if (isa == ISA_AMX && m < AMX_MIN_ROWS) {
+            block_avx512(w, sc, bits, G, K, a, r0 + r, m, acc + r * COLS);
+            continue;
+        }
+        amx_configure(m, bf16, configured);
+        if (bf16)
+            switch (m) {
+                TILE_AMX_BF16_CASE(1) TILE_AMX_BF16_CASE(2) TILE_AMX_BF16_CASE(3) TILE_AMX_BF16_CASE(4)
+                TILE_AMX_BF16_CASE(5) TILE_AMX_BF16_CASE(6) TILE_AMX_BF16_CASE(7) TILE_AMX_BF16_CASE(8)
+                TILE_AMX_BF16_CASE(9) TILE_AMX_BF16_CASE(10) TILE_AMX_BF16_CASE(11) TILE_AMX_BF16_CASE(12)
+                TILE_AMX_BF16_CASE(13) TILE_AMX_BF16_CASE(14) TILE_AMX_BF16_CASE(15) TILE_AMX_BF16_CASE(16)
+            }
+        else
+            switch (m) {
+                TILE_AMX_CASE(1) TILE_AMX_CASE(2) TILE_AMX_CASE(3) TILE_AMX_CASE(4) TILE_AMX_CASE(5)
+                TILE_AMX_CASE(6) TILE_AMX_CASE(7) TILE_AMX_CASE(8) TILE_AMX_CASE(9) TILE_AMX_CASE(10)
+                TILE_AMX_CASE(11) TILE_AMX_CASE(12) TILE_AMX_CASE(13) TILE_AMX_CASE(14) TILE_AMX_CASE(15)
+                TILE_AMX_CASE(16)
+            }
+    }
+}
+#endif
+
 /* out [rows, N] (bf16) = x [rows, K] (bf16) times the packed weight, plus residual [rows, N] where it is
  * not NULL (added to the bf16 product and rounded again, as a bf16 `residual + product` does);
  * N % 16 == 0, K % 32 == 0. Returns 0, or -1 if scratch memory could not be had. */
@@ -379,39 +663,61 @@ int bd_qgemm(const uint16_t *x, int rows, int K, const uint8_t *w, const uint16_
              uint16_t *out, const uint16_t *residual, int isa, int threads) {
     int G = K / GROUP, blocks = N / COLS;
     Acts a;
-    a.hi = malloc((size_t)rows * K);
-    a.lo = malloc((size_t)rows * K);
+    a.half = (size_t)K + 64;     /* not a power of two: a tile's rows do not all fall in one cache set */
+    a.hi = malloc((size_t)rows * 2 * a.half);
+    a.lo = a.hi + a.half;
     a.dx = malloc(sizeof(float) * (size_t)rows * G);
     a.sx = malloc(sizeof(float) * (size_t)rows * G);
     a.sumhi = malloc(sizeof(int32_t) * (size_t)rows * G);
     a.sumlo = malloc(sizeof(int32_t) * (size_t)rows * G);
-    if (!a.hi || !a.lo || !a.dx || !a.sx || !a.sumhi || !a.sumlo) {
-        free(a.hi); free(a.lo); free(a.dx); free(a.sx); free(a.sumhi); free(a.sumlo);
+    if (!a.hi || !a.dx || !a.sx || !a.sumhi || !a.sumlo) {
+        free(a.hi); free(a.dx); free(a.sx); free(a.sumhi); free(a.sumlo);
         return -1;
     }
+    int tiles = isa >= ISA_AMX;
+    if (tiles && !amx_granted()) isa = ISA_AVX512VNNI, tiles = 0;      /* the same bits without tiles */
     if (isa == ISA_PORTABLE) quantize_rows(x, rows, K, &a);
     else quantize_rows_avx2(x, rows, K, &a);
-    size_t wblock = (size_t)G * (bits == 4 ? 256 : 512), sblock = (size_t)G * (bits == 4 ? 32 : 16);
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int b = 0; b < blocks; b++) {
-        float acc[ROWS * COLS];
-        for (int r0 = 0; r0 < rows; r0 += ROWS) {
-            int n = rows - r0 < ROWS ? rows - r0 : ROWS;
-            memset(acc, 0, sizeof(float) * n * COLS);
-            const uint8_t *wb = w + b * wblock;
-            const uint16_t *sb = scales + b * sblock;
-            if (isa == ISA_AVX512VNNI) block_avx512(wb, sb, bits, G, K, &a, r0, n, acc);
-            else if (isa == ISA_AVX2) block_avx2(wb, sb, bits, G, K, &a, r0, n, acc);
-            else block_portable(wb, sb, bits, G, K, &a, r0, n, acc);
-            for (int r = 0; r < n; r++)
-                for (int c = 0; c < COLS; c++) {
-                    size_t at = (size_t)(r0 + r) * N + b * COLS + c;
-                    uint16_t y = f32_to_bf16(acc[r * COLS + c]);
-                    out[at] = residual ? f32_to_bf16(bf16_to_f32(residual[at]) + bf16_to_f32(y)) : y;
-                }
-        }
+    a.ab = NULL;
+#ifdef BD_AMX
+    if (tiles && bits == 4 && (isa == ISA_AMX_BF16 || rows >= AMX_BF16_ROWS)) {
+        a.bhalf = (size_t)K + 32;
+        a.ab = malloc(sizeof(uint16_t) * (size_t)rows * 2 * a.bhalf);
+        if (a.ab) acts_bf16(&a, rows, K);             /* without them, the int8 tiles: the same bits */
     }
-    free(a.hi); free(a.lo); free(a.dx); free(a.sx); free(a.sumhi); free(a.sumlo);
+#endif
+    size_t wblock = (size_t)G * (bits == 4 ? 256 : 512), sblock = (size_t)G * (bits == 4 ? 32 : 16);
+#pragma omp parallel num_threads(threads)
+    {
+        int configured = 0;          /* the AMX tiles' row count in this thread (0: not configured) */
+#pragma omp for schedule(static)
+        for (int b = 0; b < blocks; b++) {
+            float acc[ROWS * COLS];
+            for (int r0 = 0; r0 < rows; r0 += ROWS) {
+                int n = rows - r0 < ROWS ? rows - r0 : ROWS;
+                memset(acc, 0, sizeof(float) * n * COLS);
+                const uint8_t *wb = w + b * wblock;
+                const uint16_t *sb = scales + b * sblock;
+#ifdef BD_AMX
+                if (tiles) block_amx(wb, sb, bits, G, K, &a, r0, n, acc, isa, &configured);
+                else
+#endif
+                if (isa >= ISA_AVX512VNNI) block_avx512(wb, sb, bits, G, K, &a, r0, n, acc);
+                else if (isa == ISA_AVX2) block_avx2(wb, sb, bits, G, K, &a, r0, n, acc);
+                else block_portable(wb, sb, bits, G, K, &a, r0, n, acc);
+                for (int r = 0; r < n; r++)
+                    for (int c = 0; c < COLS; c++) {
+                        size_t at = (size_t)(r0 + r) * N + b * COLS + c;
+                        uint16_t y = f32_to_bf16(acc[r * COLS + c]);
+                        out[at] = residual ? f32_to_bf16(bf16_to_f32(residual[at]) + bf16_to_f32(y)) : y;
+                    }
+            }
+        }
+#ifdef BD_AMX
+        amx_release(&configured);
+#endif
+    }
+    free(a.hi); free(a.ab); free(a.dx); free(a.sx); free(a.sumhi); free(a.sumlo);
     return 0;
 }
 

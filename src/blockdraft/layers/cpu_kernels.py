@@ -3,8 +3,11 @@ the inference attention, and the quantized target's whole layer stack.
 
 The matmul multiplies the GGUF block formats — 4-bit Q4_1 (fp16 scale and minimum per 32 weights) and
 8-bit Q8_0 — against activations carried per row at 16 bits in groups of 32 (two signed bytes), with
-integer dot products (AVX512-VNNI, AVX2, or portable C: the same bits), prefetching the weights and
-keeping a tile of rows' sums in registers over a block's groups (4 rows with VNNI, 3 with AVX2). Its
+exact integer group sums (AMX tiles, AVX512-VNNI, AVX2, or portable C: the same bits), prefetching the
+weights and keeping a tile of rows' sums in registers over a block's groups (4 rows with VNNI, 3 with
+AVX2, up to 16 with AMX). On CPUs with AMX (`best_isa() == "amx"`) passes of 3 rows or more run on the
+tiles — int8 products, or for 4-bit weights and 9+ rows bf16 products whose fp32 sums are exact — so a
+verify over 9-16 rows reads each weight once at a cost per row well under the VNNI path's. Its
 scales stay in fp16 as the GGUF stores them (PyTorch's int4 CPU kernel keeps them in bf16, further
 from the model). On AVX2, 4-bit products are summed in 16 bits over 32 inputs before widening (no
 overflow: 8 pair sums of at most 2*15*128). Every row runs the same operations whatever the row
@@ -46,7 +49,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 GROUP, COLS = 32, 16
-ISAS = {"portable": 0, "avx2": 1, "avx512vnni": 2}
+ISAS = {"portable": 0, "avx2": 1, "avx512vnni": 2, "amx": 3}
+AMX_LAYOUTS = {"amx-int8": 4, "amx-bf16": 5}   # one tile layout for every pass (tests, benchmarks)
 
 
 def _cache_dir() -> Path:
@@ -110,6 +114,10 @@ def best_isa() -> str:
     return {v: k for k, v in ISAS.items()}[code]
 
 
+def _isa_code(isa: str | None) -> int:
+    return ISAS[isa] if isa in ISAS else AMX_LAYOUTS[isa] if isa in AMX_LAYOUTS else ISAS[best_isa()]
+
+
 def supports(out_features: int, in_features: int) -> bool:
     return out_features % COLS == 0 and in_features % GROUP == 0
 
@@ -167,7 +175,7 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bits: in
     out = torch.empty(rows, n, dtype=torch.bfloat16)
     if rows:
         rc = lib.bd_qgemm(x.data_ptr(), rows, k, packed.data_ptr(), scales.data_ptr(), n, bits, out.data_ptr(),
-                          None if residual is None else residual.data_ptr(), ISAS[isa or best_isa()],
+                          None if residual is None else residual.data_ptr(), _isa_code(isa),
                           torch.get_num_threads())
         if rc != 0:
             raise MemoryError(f"qgemm: no scratch memory for {rows} x {k} activations")
@@ -194,7 +202,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
     k, v, strides, mask, mask_strides = _keys_and_mask(k, v, visible, b, tq)
     out = torch.empty(b, tq, h * d, dtype=torch.bfloat16)
     rc = library().bd_attend(q.data_ptr(), b, h, tq, d, k.data_ptr(), v.data_ptr(), strides, hkv, tk, mask,
-                             mask_strides, scale, out.data_ptr(), ISAS[isa or best_isa()], torch.get_num_threads())
+                             mask_strides, scale, out.data_ptr(), _isa_code(isa), torch.get_num_threads())
     if rc != 0:
         raise MemoryError(f"attend: no scratch memory for {b} x {h} x {tk} scores")
     return out
@@ -281,7 +289,7 @@ class LayerStack:
             w.heads, w.kv_heads, d, w.intermediate, w.bits, w.eps, d ** -0.5, cos.data_ptr(), sin.data_ptr(),
             (ctypes.c_void_p * n)(*(kv.k[i].data_ptr() for i in range(n))),
             (ctypes.c_void_p * n)(*(kv.v[i].data_ptr() for i in range(n))), kv.write_slots.data_ptr(),
-            kv.read_slots.data_ptr(), tk, kv.slot_stride, kv.head_stride, mask, mask_strides, ISAS[isa or best_isa()],
+            kv.read_slots.data_ptr(), tk, kv.slot_stride, kv.head_stride, mask, mask_strides, _isa_code(isa),
             torch.get_num_threads())
         if rc != 0:
             raise MemoryError(f"decoder layers: no scratch memory for {b * t} rows")
@@ -307,7 +315,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, isa: str | None = None) -> torc
         return None
     act = torch.empty(g.shape, dtype=torch.bfloat16)
     library().bd_swiglu(g.data_ptr(), g.stride(0), u.data_ptr(), u.stride(0), g.shape[0], i, act.data_ptr(),
-                        ISAS[isa or best_isa()])
+                        _isa_code(isa))
     return act.view(gate.shape)
 
 
@@ -320,7 +328,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, isa: str | None 
     x = x.contiguous()
     out = torch.empty_like(x)
     library().bd_rmsnorm(x.data_ptr(), x.numel() // d, d, weight.data_ptr(), eps, out.data_ptr(),
-                         ISAS[isa or best_isa()])
+                         _isa_code(isa))
     return out
 
 
