@@ -20,6 +20,9 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+BENCH_DRAFTERS = "dflash,dspark"             # bench's default --drafters (--sweep then runs dspark alone)
+
+
 def _ids(text: str) -> list[int]:
     try:
         return [int(t) for t in text.split(",") if t.strip()]
@@ -218,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "tokens/s, speedup vs AR, mean AL, AL histogram and per-position acceptance, greedy and "
                        "sampled. Writes OUT/bench.json and OUT/bench.png; needs the bench extra.")
     b.add_argument("--target", help="HF target directory (default: SmolLM2-135M-Instruct)")
-    b.add_argument("--drafters", default="dflash,dspark",
+    b.add_argument("--drafters", default=BENCH_DRAFTERS,
                    help="comma-separated shipped drafter names or NAME=DIR pairs (default: dflash,dspark)")
     b.add_argument("--sets", default="humaneval,chat,math", help="comma-separated prompt sets")
     b.add_argument("--prompts", type=int, default=8, help="prompts per set")
@@ -235,7 +238,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft width from measured cost, as generate/serve run (--no-...: always the full block)")
     b.add_argument("--quick", action="store_true", help="smoke run: 2 prompts per set, 24 tokens, 1 repeat")
     b.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (worker processes)")
-    b.add_argument("--out", default="bench-results", help="output directory for bench.json and bench.png")
+    b.add_argument("--out", default="bench-results", help="output directory for bench.json and bench.png "
+                   "(--sweep: sweep.json and sweep.png)")
+    b.add_argument("--sweep", action="store_true", help="decode tok/s over a context x batch matrix, plain vs "
+                   "speculative side by side (one drafter, named by --drafters; dspark when it is left at its "
+                   "default; --max-new-tokens decoded per row, --repeats per cell)")
+    b.add_argument("--contexts", default="512,1024,2048,4096,8192", help="--sweep: prompt lengths in tokens "
+                   "(capped at the model's limit)")
+    b.add_argument("--batches", default="1,2,4,8,16", help="--sweep: batch sizes")
+    b.add_argument("--cache-budget", type=int, help="--sweep: KV cache bytes a cell may use; cells past it are "
+                   "refused before any run (default: a quarter of RAM, or 80%% of free GPU memory)")
+    b.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
+    b.add_argument("--json", action="store_true", help="--sweep: print the report as one JSON object")
     b.set_defaults(func=cmd_bench)
     _eval_parser(sub)
     return parser
@@ -309,6 +323,13 @@ def _number_list(text: str, flag: str, kind: type, minimum: float) -> tuple:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
+
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.sweep:
+        return _bench_sweep(args)
 
     from .bench.run import BenchConfig, plot, run_bench, table
     from .errors import ConfigError
@@ -388,6 +409,32 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"gate passed: mean AL {outcome.report['gate']['measured_al']:.3f} >= "
               f"{outcome.report['gate']['threshold']:.3f}", file=sys.stderr)
     return 1 if outcome.failures else 0
+
+
+def _bench_sweep(args: argparse.Namespace) -> int:
+    from .bench.sweep import SweepConfig, sweep, sweep_table
+    from .errors import ConfigError
+
+    if args.tp != 1:
+        raise ConfigError("--sweep with --tp is not supported: the sweep runs in this process")
+    drafters = [d.strip() for d in args.drafters.split(",") if d.strip()] or ["none"]
+    if args.drafters == BENCH_DRAFTERS:
+        drafters = ["dspark"]
+    if len(drafters) > 1:
+        raise ConfigError(f"--sweep compares plain decoding with one drafter; --drafters names {len(drafters)}: "
+                          f"{args.drafters}")
+    name, _, path = drafters[0].partition("=")
+    cfg = SweepConfig(contexts=_number_list(args.contexts, "--contexts", int, 1),
+                      batches=_number_list(args.batches, "--batches", int, 1),
+                      new_tokens=24 if args.quick else args.max_new_tokens, repeats=1 if args.quick else args.repeats,
+                      cache_budget_bytes=args.cache_budget, adaptive=False)
+    report = sweep(args.target, path or name, cfg, out=args.out, progress=not args.json, dtype=args.dtype,
+                   quantization=args.quantization, device=args.device)
+    print(json.dumps(report) if args.json else sweep_table(report))
+    for note in report["notes"]:
+        print(note, file=sys.stderr)
+    print(f"wrote {args.out}/sweep.json and {args.out}/sweep.png", file=sys.stderr)
+    return 0
 
 
 def _read_prompts(path: str) -> list[str]:
