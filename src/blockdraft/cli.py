@@ -273,7 +273,13 @@ def _eval_parser(sub) -> None:
     v.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="as for generate")
     _quantization_arg(v)
     _device_arg(v)
-    v.add_argument("--set", default="math", choices=["humaneval", "math", "chat"], help="prompt set")
+    v.add_argument("--set", default="math", help="humaneval, math, chat, or lm-eval:TASK (an lm-eval task, from "
+                   "--include-path or lm-eval's own; needs the bench extra)")
+    v.add_argument("--include-path", help="lm-eval:TASK: a folder of lm-eval task YAML files (only those are "
+                   "indexed; without it lm-eval's built-in tasks)")
+    v.add_argument("--num-fewshot", type=int, help="lm-eval:TASK: few-shot examples (default: the task's)")
+    v.add_argument("--chat-template", action="store_true", help="lm-eval:TASK: render prompts with the "
+                   "target's chat template (humaneval, math and chat always use it)")
     v.add_argument("--prompts", type=int, help="the first N items of the set (default: all, or the gate row's)")
     v.add_argument("--max-new-tokens", type=int, help="tokens per answer at most (default: 256, or the gate row's)")
     v.add_argument("--temperature", type=float, help="0 = greedy (default: 0, or the gate row's)")
@@ -400,7 +406,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
                      max_batch=args.max_batch, exec_timeout_s=args.exec_timeout, adaptive=args.adaptive_speculation,
                      **{k: v for k, v in given.items() if k != "prompts" and v is not None})
     outcome = evaluate(cfg, target=args.target, drafter=args.drafter, gate=args.gate, record_gate=args.record_gate,
-                       given=given, mode=args.mode, block_size=args.block_size, dtype=args.dtype,
+                       given=given, lm_eval_options={"include_path": args.include_path,
+                                                     "num_fewshot": args.num_fewshot, "chat": args.chat_template},
+                       mode=args.mode, block_size=args.block_size, dtype=args.dtype,
                        quantization=args.quantization, device=args.device)
     print(json.dumps(outcome.report) if args.json else table(outcome.report))
     for failure in outcome.failures:

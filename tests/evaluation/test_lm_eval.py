@@ -146,3 +146,19 @@ def test_lm_evals_own_gsm8k_task_on_a_local_copy(tmp_path, monkeypatch):
     scores = results["results"]["gsm8k_local"]
     assert "exact_match,strict-match" in scores and "exact_match,flexible-extract" in scores
     assert results["config"]["blockdraft"]["requests"] == 2
+
+
+def test_blockdraft_eval_runs_an_lm_eval_task_with_and_without_the_drafter(task_dir, capsys):
+    from blockdraft.cli import main
+
+    args = ["eval", "--target", str(TARGET), "--drafter", str(DRAFTER), "--include-path", str(task_dir),
+            "--threads", "1", "--json"]
+    assert main([*args, "--set", "lm-eval:bd_gen", "--num-fewshot", "1", "--chat-template"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["set"] == "lm-eval:bd_gen" and r["items"] == 4 and r["identical"] == 4 and r["mismatches"] == []
+    assert r["lm_eval"] == {"task": "bd_gen", "filter": "none", "metric": "exact_match"}
+    assert r["plain"]["tokens"] == r["speculative"]["tokens"] > 0 and r["speculative"]["mean_al"] > 1
+    q = r["paired"]
+    assert q["both"] + q["only_plain"] + q["only_speculative"] + q["neither"] == 4
+    assert main([*args, "--set", "lm-eval:no_such_task"]) == 2
+    assert "lm-eval knows no task 'no_such_task'" in capsys.readouterr().err

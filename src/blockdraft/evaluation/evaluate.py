@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .gate import CONDITION_FIELDS, GateKey, GateRow, check, load_gates, record
+from .lm_eval_task import PREFIX, run_lm_eval_task
 from .run import EvalConfig, run_eval
 
 
@@ -43,9 +44,11 @@ def with_gate_conditions(cfg: EvalConfig, row: GateRow, given: dict) -> EvalConf
 
 
 def evaluate(cfg: EvalConfig, target=None, drafter="dspark", gate: str | None = None,
-             record_gate: str | None = None, given: dict | None = None, **llm_kwargs) -> EvalOutcome:
+             record_gate: str | None = None, given: dict | None = None, lm_eval_options: dict | None = None,
+             **llm_kwargs) -> EvalOutcome:
     """`given`: the conditions the user set explicitly (prompts, max_new_tokens, temperature), checked
-    against a gate row. `llm_kwargs`: how to load (mode, dtype, quantization, device, block_size)."""
+    against a gate row. `lm_eval_options` (include_path, num_fewshot, chat) apply to `lm-eval:TASK`
+    sets. `llm_kwargs`: how to load (mode, dtype, quantization, device, block_size)."""
     from ..llm import LLM
 
     if drafter is None or str(drafter) == "none":
@@ -60,11 +63,18 @@ def evaluate(cfg: EvalConfig, target=None, drafter="dspark", gate: str | None = 
     if gates is not None:
         row = gates.find(key)
         cfg = with_gate_conditions(cfg, row, given or {})
-    report = run_eval(llm.target, llm.drafter, llm.tokenizer, llm._eos_ids(), cfg)
+    if cfg.set.startswith(PREFIX):
+        opts = lm_eval_options or {}
+        report = run_lm_eval_task(llm, cfg, opts.get("include_path"), opts.get("num_fewshot"), opts.get("chat", False))
+    else:
+        report = run_eval(llm.target, llm.drafter, llm.tokenizer, llm._eos_ids(), cfg)
     report.update(model=key.model, drafter=key.drafter, numerics=llm.numerics)
     failures = []
     if report["greedy"] and report.get("mismatches"):
+        # lossless decoding: a greedy answer that changes with the drafter is a bug, whatever the accuracy
         failures.append(f"greedy answers differ with and without drafting: {report['mismatches']}")
+    if (row is not None or record_gate) and report["speculative"]["mean_al"] is None:
+        raise ConfigError(f"set {cfg.set}: no tokens were generated, so there is no acceptance length to gate")
     if row is not None:
         result = check(gates, row, report["speculative"]["mean_al"])
         report["gate"] = result.as_dict()

@@ -25,7 +25,7 @@ from .stats import mcnemar_exact, mean_al_ci, paired_counts
 
 @dataclass(frozen=True)
 class EvalConfig:
-    set: str = "math"
+    set: str = "math"                   # humaneval, math, chat, or lm-eval:TASK
     prompts: int | None = None          # the first N items of the set (None: all)
     max_new_tokens: int = 256
     temperature: float = 0.0
@@ -38,8 +38,8 @@ class EvalConfig:
     compare_plain: bool = True          # False: the speculative arm alone (acceptance only, e.g. a gate)
 
     def __post_init__(self):
-        if self.set not in SETS:
-            raise ConfigError(f"set: unknown eval set {self.set!r}; choose from {', '.join(SETS)}")
+        if self.set not in SETS and not (self.set.startswith("lm-eval:") and len(self.set) > len("lm-eval:")):
+            raise ConfigError(f"set: unknown eval set {self.set!r}; choose from {', '.join(SETS)} or lm-eval:TASK")
         for name, low in (("prompts", 1), ("max_new_tokens", 1), ("max_batch", 1), ("top_k", 0)):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < low):
@@ -135,6 +135,10 @@ def _pct(x) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
 
+def _rate(x) -> str:
+    return "–" if x is None else f"{x:.1f}"
+
+
 def table(report: dict) -> str:
     """One screen: both arms side by side, then the paired test and acceptance."""
     s, p = report["speculative"], report.get("plain")
@@ -143,8 +147,8 @@ def table(report: dict) -> str:
              f"{report['drafter_kind']} block {report['block_size']}", "",
              f"{'':14}{'accuracy':>10}{'tokens':>9}{'tok/s':>9}"]
     if p is not None:
-        lines.append(f"{'plain':14}{_pct(p['accuracy']):>10}{p['tokens']:>9}{p['tokens_per_s']:>9.1f}")
-    lines.append(f"{'speculative':14}{_pct(s['accuracy']):>10}{s['tokens']:>9}{s['tokens_per_s']:>9.1f}")
+        lines.append(f"{'plain':14}{_pct(p['accuracy']):>10}{p['tokens']:>9}{_rate(p['tokens_per_s']):>9}")
+    lines.append(f"{'speculative':14}{_pct(s['accuracy']):>10}{s['tokens']:>9}{_rate(s['tokens_per_s']):>9}")
     lines.append("")
     if "paired" in report:
         q = report["paired"]
@@ -153,10 +157,13 @@ def table(report: dict) -> str:
     if p is not None:
         verdict = "" if not report["greedy"] else ("  (greedy: all identical)" if not report["mismatches"]
                                                   else f"  (greedy: MISMATCH {report['mismatches'][:5]})")
-        lines.append(f"identical answers: {report['identical']}/{report['items']}{verdict}; "
-                     f"speedup {report['speedup']:.2f}x")
+        speedup = f"; speedup {report['speedup']:.2f}x" if report.get("speedup") else ""
+        lines.append(f"identical answers: {report['identical']}/{report['items']}{verdict}{speedup}")
     ci = s["al_ci95"]
     ci_text = f" (95% CI {ci[0]:.2f}–{ci[1]:.2f})" if ci else ""
+    if s["mean_al"] is None:
+        lines.append("no tokens generated (a log-likelihood task): no acceptance to report")
+        return "\n".join(lines)
     lines.append(f"mean AL {s['mean_al']:.2f}{ci_text} over {s['steps']} verify steps")
     lines.append("per-position acceptance: " + " ".join(f"{a:.2f}" for a in s["per_position_acceptance"]))
     return "\n".join(lines)

@@ -69,14 +69,26 @@ class BlockdraftLM(TemplateLM):
                        quantization=quantization, device=_device(device), max_batch=int(max_batch),
                        max_model_len=int(max_length) if max_length else None,
                        adaptive_speculation=bool(adaptive_speculation))
-        if self.llm.tokenizer is None:
-            raise ConfigError(f"--model_args target: {self.llm.target.source_dir} has no tokenizer.json")
-        self.tok = self.llm.tokenizer
-        self.max_length = self.llm.max_model_len
-        self.max_gen_toks, self.add_bos_token, self.seed = int(max_gen_toks), bool(add_bos_token), int(seed)
+        self._bind(self.llm, self.llm.engine, str(drafter), int(max_gen_toks), bool(add_bos_token), int(seed))
+
+    @classmethod
+    def around(cls, llm, engine, drafter_name: str, max_gen_toks: int = 256, seed: int = 0) -> "BlockdraftLM":
+        """A model over an already loaded `LLM` whose requests run on `engine` (with or without a drafter):
+        how `blockdraft eval` runs an lm-eval task twice on one loaded target."""
+        self = cls.__new__(cls)
+        TemplateLM.__init__(self)
+        self._bind(llm, engine, drafter_name, max_gen_toks, False, seed)
+        return self
+
+    def _bind(self, llm, engine, drafter_name: str, max_gen_toks: int, add_bos_token: bool, seed: int) -> None:
+        if llm.tokenizer is None:
+            raise ConfigError(f"--model_args target: {llm.target.source_dir} has no tokenizer.json")
+        self.llm, self.engine, self.tok = llm, engine, llm.tokenizer
+        self.max_length = engine.max_model_len
+        self.max_gen_toks, self.add_bos_token, self.seed = max_gen_toks, add_bos_token, seed
         self.acceptance_lengths: list[list[int]] = []          # per generated request
         self.generated_tokens, self.generate_seconds = 0, 0.0
-        self._drafter_name = str(drafter)
+        self._drafter_name = drafter_name
 
     # ---- tokenization ---------------------------------------------------------------------------------
     @property
@@ -157,7 +169,7 @@ class BlockdraftLM(TemplateLM):
             prompts.append(ids)
             params.append(p)
         started = time.perf_counter()
-        outs = self.llm.engine.generate(prompts, params) if prompts else []
+        outs = self.engine.generate(prompts, params) if prompts else []
         self.generate_seconds += time.perf_counter() - started
         texts = []
         for req, out, p in zip(requests, outs, params):
@@ -173,7 +185,7 @@ class BlockdraftLM(TemplateLM):
         """Acceptance statistics over every request generated so far."""
         al = mean_al_ci(self.acceptance_lengths)
         steps = [a for lengths in self.acceptance_lengths for a in lengths]
-        drafter = self.llm.drafter
+        drafter = self.engine.drafter
         block = drafter.config.num_draft_tokens + 1 if drafter is not None else 1
         return {"drafter": None if drafter is None else self._drafter_name,
                 "drafter_kind": None if drafter is None else drafter.config.kind,
