@@ -224,7 +224,7 @@ def test_dspark_loss_without_target_logits_is_a_named_error(target, drafters):
     drafter = drafters["dspark"]
     seq = teacher_data(target, PROMPTS[:1], 16, drafter.config.taps)[0]
     block = blocks_at(drafter, seq.taps, seq.final, seq.ids, torch.tensor([3, 5]))      # no head: no logits
-    with pytest.raises(ConfigError, match="dspark_loss needs the target's logits"):
+    with pytest.raises(ConfigError, match="dspark_loss needs the target.s distribution"):
         dspark_loss(drafter, block)
 
 

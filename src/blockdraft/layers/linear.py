@@ -116,7 +116,9 @@ def stable_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     axis (e.g. `hidden[:, :n]` of a block) sends F.linear through bmm, which copies the whole
     weight each call (measured: 129 ms for a 49152 x 576 LM head, against 5 ms for the matmul)."""
     flat = x.reshape(-1, x.shape[-1])                                                    # [rows, in]
-    if x.dtype != torch.bfloat16 or x.device.type != "cpu":
+    # under autocast (drafter training: fp32 master weights, bf16 compute) rows need not round alike,
+    # and whole-matrix GEMMs are what keep oneDNN's AMX tiles busy; inference never autocasts
+    if x.dtype != torch.bfloat16 or x.device.type != "cpu" or torch.is_autocast_enabled("cpu"):
         out = F.linear(flat, weight, bias)
     else:
         parts = reduction_slices(*weight.shape)

@@ -22,6 +22,14 @@ from ..cache.views import ContextRead
 
 
 @dataclass
+class TopK:
+    """The target's next-token distribution kept on its k likeliest ids (the rest of the mass,
+    1 - probs.sum(-1), is spread over ids it does not name)."""
+    ids: torch.Tensor                    # [N, k] target ids
+    probs: torch.Tensor                  # [N, k] float32 probabilities, descending
+
+
+@dataclass
 class Block:
     hidden: torch.Tensor                 # [N, D] draft-slot hidden states (N = anchors × slots, flattened)
     labels: torch.Tensor                 # [N] teacher tokens at the predicted positions
@@ -29,6 +37,7 @@ class Block:
     slot: torch.Tensor                   # [N] slot index k = 0.. within its block
     weight: torch.Tensor                 # [N] 0 for slots past the sequence end, else 1
     target_logits: torch.Tensor | None   # [N, V] the target's logits for those positions (DSpark only)
+    target_topk: TopK | None = None      # or its top-k distribution there (the teacher cache)
 
 
 def context_read(drafter: BlockDrafter, taps: torch.Tensor, anchors: torch.Tensor) -> ContextRead:
@@ -73,6 +82,34 @@ def blocks_at(drafter: BlockDrafter, taps: torch.Tensor, final: torch.Tensor | N
                  torch.arange(n).repeat(anchors.shape[0]), weight.reshape(-1), target_logits)
 
 
+def with_topk(block: Block, anchors: torch.Tensor, seq_len: int, topk_ids: torch.Tensor,
+              topk_probs: torch.Tensor) -> Block:
+    """`block` (built by `blocks_at` for `anchors`) with the target's top-k distribution at each slot's
+    position: topk_ids / topk_probs [L, k], row t = the distribution of position t + 1."""
+    n = block.hidden.shape[0] // anchors.shape[0]
+    rows = ((anchors[:, None] + 1 + torch.arange(n)).clamp(max=seq_len - 1) - 1).reshape(-1)     # [M * n]
+    return Block(block.hidden, block.labels, block.prev, block.slot, block.weight, None,
+                 TopK(topk_ids[rows].long(), topk_probs[rows].float()))
+
+
+def topk_l1(drafter: BlockDrafter, draft_probs: torch.Tensor, topk: TopK) -> torch.Tensor:
+    """‖draft_probs − target_probs‖₁ per row [N] with the target known on its top-k ids only.
+
+    On the named ids the terms are exact; an id the draft vocabulary lacks contributes its target
+    probability (the drafter puts 0 there); the mass off the top-k, target r and draft q_rest,
+    contributes |q_rest − r| — the least the unnamed ids can add, exact when the drafter is on one
+    side of the target over all of them, never more than 2·min(q_rest, r) short. With k = V it
+    is the exact L1."""
+    ids = drafter.to_draft(topk.ids)                                                        # [N, k], -1: not drafted
+    named = ids >= 0
+    draft_on_top = draft_probs.gather(1, ids.clamp_min(0)) * named                          # [N, k]
+    on_top = ((draft_on_top - topk.probs).abs() * named).sum(-1)
+    off_vocab = (topk.probs * ~named).sum(-1)
+    draft_rest = (1 - draft_on_top.sum(-1)).clamp_min(0)
+    target_rest = (1 - topk.probs.sum(-1)).clamp_min(0)
+    return on_top + off_vocab + (draft_rest - target_rest).abs()
+
+
 def _weighted(values: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (values * w).sum() / w.sum().clamp_min(1e-6)
 
@@ -97,19 +134,23 @@ def dspark_loss(drafter: BlockDrafter, block: Block, ce_alpha: float = 0.1, l1_a
                 conf_alpha: float = 1.0, gamma: float = 4.0) -> dict:
     """DeepSpec: 0.1 CE + 0.9 L1(softmax(z), p) with z = logits + W2(W1[prev]) (teacher-forced),
     position weights exp(-k/gamma); the confidence head regresses (BCE) onto 1 - ½‖softmax(z) - p‖₁."""
-    if block.target_logits is None:
-        raise ConfigError("dspark_loss needs the target's logits: build the block with head=target.lm_head")
+    if block.target_logits is None and block.target_topk is None:
+        raise ConfigError("dspark_loss needs the target's distribution: build the block with head=target.lm_head "
+                          "or from the teacher cache (with_topk)")
     bias, embed = drafter.markov_head(block.prev)
     z = drafter.logits(block.hidden).float() + bias                            # [N, Vd]
-    p = torch.softmax(block.target_logits, dim=-1)                             # [N, V]
-    outside = 0.0
-    if drafter.config.pruned_vocab:  # q is 0 off the draft vocabulary: that part of |q - p| is p's mass there
-        p = p[:, drafter.to_target(torch.arange(z.shape[-1]))]
-        outside = (1 - p.sum(-1)).clamp_min(0)
     w = torch.exp(-block.slot.float() / gamma) * block.weight
     labels, covered = _draft_labels(drafter, block.labels)
     ce = F.cross_entropy(z, labels, reduction="none") * covered
-    l1 = (torch.softmax(z, dim=-1) - p).abs().sum(-1) + outside                # in [0, 2]
+    if block.target_topk is not None:
+        l1 = topk_l1(drafter, torch.softmax(z, dim=-1), block.target_topk)     # [N] in [0, 2]
+    else:
+        p = torch.softmax(block.target_logits, dim=-1)                         # [N, V]
+        outside = 0.0
+        if drafter.config.pruned_vocab:  # q is 0 off the draft vocabulary: that part of |q - p| is p's mass there
+            p = p[:, drafter.to_target(torch.arange(z.shape[-1]))]
+            outside = (1 - p.sum(-1)).clamp_min(0)
+        l1 = (torch.softmax(z, dim=-1) - p).abs().sum(-1) + outside            # in [0, 2]
     loss = _weighted(ce_alpha * ce + l1_alpha * l1, w)
     out = {"ce": _weighted(ce, w).detach(), "l1": _weighted(l1, w).detach()}
     if drafter.config.enable_confidence_head:

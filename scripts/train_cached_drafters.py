@@ -1,0 +1,283 @@
+"""Train the SmolLM2 drafters from the teacher cache: the target runs once per committed sequence,
+the drafters train many times on what it stored (`train/tap_cache.py`, `train/cached.py`).
+
+    python scripts/train_cached_drafters.py cache                  # build / finish the cache (resumable)
+    python scripts/train_cached_drafters.py train --run NAME [--minutes M] [--blocks-per-step B] ...
+    python scripts/train_cached_drafters.py eval --run NAME [--step N]   # train-set + held-out AL, trigram floor
+    python scripts/train_cached_drafters.py publish --run NAME --step N  # snapshot -> assets/smollm2 + MODEL_CARD
+
+Everything it writes lives in $BLOCKDRAFT_CACHE (default ~/.cache/blockdraft), never in git:
+`teacher-cache-smollm2/` (the cache) and `cached-runs/NAME/` (run.json, state.pt written at least every
+10 minutes, snapshots/step_N/<kind>/ in the published layout, curve.json with every evaluation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import train_default_drafters as recipe
+from blockdraft.default_model import cache_root
+
+CACHE_DIR = cache_root() / "teacher-cache-smollm2"
+RUNS = cache_root() / "cached-runs"
+TOP_K = 64
+
+
+def cache_spec(llm, shards: list[str] | None = None):
+    from blockdraft.train.shards import read_manifest
+    from blockdraft.train.tap_cache import spec_for
+
+    manifest = read_manifest(recipe.DATA)
+    spec = spec_for(llm.target, recipe.DATA, recipe.TAPS, TOP_K, {**manifest["target"], "runtime_dtype": "bfloat16"})
+    if shards is not None:
+        from dataclasses import replace
+
+        spec = replace(spec, shards=tuple(s for s in spec.shards if s[0] in shards))
+    return spec
+
+
+def cmd_cache(args) -> None:
+    from blockdraft.train.tap_cache import build
+
+    torch.set_num_threads(args.threads)
+    llm = recipe.load_llm()
+    t0 = time.time()
+    build(llm.target, recipe.DATA, CACHE_DIR, cache_spec(llm), progress=not args.quiet)
+    print(f"teacher cache complete in {CACHE_DIR} ({time.time() - t0:.0f} s this call)", flush=True)
+
+
+def run_dir(name: str) -> Path:
+    return RUNS / name
+
+
+def built_shards() -> list[str]:
+    return sorted(d.parent.name for d in CACHE_DIR.glob("*/done.json"))
+
+
+def open_run_cache(llm, shards: list[str]):
+    from blockdraft.train.shards import read_manifest
+    from blockdraft.train.tap_cache import TapCache
+
+    files = [s["file"] for s in read_manifest(recipe.DATA)["shards"] if Path(s["file"]).stem in shards]
+    return TapCache.open(CACHE_DIR, cache_spec(llm, files))
+
+
+def eval_cache(llm):
+    """The target's greedy responses to the held-out prompts (no EOS stop, as the engine evaluation
+    decodes), as a teacher directory of their own and a cache beside the training one (built once)."""
+    from blockdraft.train.shards import Conversation, read_manifest, write_shard
+    from blockdraft.train.tap_cache import TapCache, build, spec_for
+    from blockdraft.train.trainer import teacher_responses
+
+    teacher = cache_root() / "eval-teacher-smollm2"
+    have = {s["file"] for s in read_manifest(teacher)["shards"]}
+    for name, prompts in recipe.eval_prompts(llm).items():
+        if f"{name}.npz" not in have:
+            responses = teacher_responses(llm.target, prompts, recipe.EVAL_TOKENS)
+            write_shard(teacher, name, name, "held-out evaluation prompts (blockdraft bench sets)",
+                        [Conversation(p, r) for p, r in zip(prompts, responses)],
+                        {"model": "smollm2 bf16 (blockdraft runtime)", "decoding": f"greedy, {recipe.EVAL_TOKENS} tokens"})
+    spec = spec_for(llm.target, teacher, recipe.TAPS, TOP_K, {"model": "smollm2", "runtime_dtype": "bfloat16"})
+    build(llm.target, teacher, cache_root() / "eval-cache-smollm2", spec)
+    return TapCache.open(cache_root() / "eval-cache-smollm2", spec)
+
+
+def sets_of(cache, per_set: int) -> dict[str, list[int]]:
+    """Cache indices per evaluation set: held-out shards by name, or the first `per_set` training
+    sequences of the chat / code / math sources."""
+    groups = {"chat": "self_instruct", "humaneval": "stdlib_code", "math": "templated_math"}
+    out, at = {}, 0
+    for file, _ in cache.spec.shards:
+        n = len(cache._shards[[f for f, _ in cache.spec.shards].index(file)]["seqs"])
+        stem = Path(file).stem
+        for name, source in groups.items():
+            if stem == name or (stem.startswith(source) and name not in out):
+                out[name] = list(range(at, at + min(per_set, n)))
+        at += n
+    return out
+
+
+def trigram_floor(cache, held, held_sets, train_sets) -> dict:
+    from blockdraft.train.evaluate import Trigram
+
+    def pairs(c, idx):
+        return [(c.seq(i).ids.tolist(), c.seq(i).response_start) for i in idx]
+
+    table = Trigram(pairs(cache, range(len(cache))))
+    return {"held_out": {k: table.acceptance(pairs(held, v), recipe.BLOCK).to_json() for k, v in held_sets.items()},
+            "train": {k: table.acceptance(pairs(cache, v), recipe.BLOCK).to_json() for k, v in train_sets.items()}}
+
+
+def evaluate(llm, drafters, cache, held, out: Path, step: int, state, engine: bool) -> dict:
+    """Teacher-forced AL on training and held-out sequences side by side (and, with `engine`, the
+    engine's greedy AL on the held-out prompts from the published snapshot)."""
+    from blockdraft.train.evaluate import forced_acceptance
+
+    last = llm.target.config.num_layers - 1
+    train_sets, held_sets = sets_of(cache, 6), sets_of(held, 6)
+    curve_path = out / "curve.json"
+    curve = json.loads(curve_path.read_text()) if curve_path.is_file() else {}
+    if "trigram" not in curve:
+        curve["trigram"] = trigram_floor(cache, held, held_sets, train_sets)
+    blocks = sum(h["blocks"] for h in state.history[next(iter(drafters))][:step])
+    for kind, d in drafters.items():
+        d.eval()
+        t0 = time.time()
+        row = {"kind": kind, "step": step, "blocks": blocks, "train_seconds": state.elapsed,
+               "train": {k: forced_acceptance(d, cache, v, last).to_json() for k, v in train_sets.items()},
+               "held_out": {k: forced_acceptance(d, held, v, last).to_json() for k, v in held_sets.items()}}
+        if engine:
+            row["held_out_engine"] = recipe.held_out_al(llm, out / "snapshots" / f"step_{step:06d}" / kind,
+                                                        recipe.eval_prompts(llm))
+        row["eval_seconds"] = time.time() - t0
+        curve[f"{kind}/{step}"] = row
+        print(f"[{time.strftime('%H:%M:%S')}] {kind} step {step} ({blocks / 1e6:.2f}M blocks, "
+              f"{state.elapsed / 3600:.2f} h): train " + " ".join(f"{k} {v['mean_al']:.2f}" for k, v in row["train"].items())
+              + " | held-out " + " ".join(f"{k} {v['mean_al']:.2f}" for k, v in row["held_out"].items())
+              + ("" if not engine else " | engine " + " ".join(f"{k} {v['mean_al']:.2f}"
+                                                               for k, v in row["held_out_engine"].items())), flush=True)
+    curve_path.write_text(json.dumps(curve, indent=1))
+    return curve
+
+
+def cmd_train(args) -> None:
+    from dataclasses import asdict
+
+    from blockdraft.checkpoints.publish import save_drafter
+    from blockdraft.numerics import cpu_model
+    from blockdraft.train.cached import CachedTrainConfig, fit_cached
+    from blockdraft.train.trainer import TeacherSeq
+
+    torch.set_num_threads(args.threads)
+    out = run_dir(args.run)
+    out.mkdir(parents=True, exist_ok=True)
+    llm = recipe.load_llm()
+    run_file = out / "run.json"
+    if run_file.is_file():          # a resumed run keeps everything it started with
+        run = json.loads(run_file.read_text())
+    else:
+        cfg = CachedTrainConfig(steps=args.steps, lr=args.lr, warmup=args.warmup, schedule=args.schedule,
+                                seqs_per_step=args.seqs_per_step, blocks_per_seq=args.blocks_per_seq,
+                                position_gamma=args.gamma, bf16=not args.fp32, seed=args.seed)
+        run = {"config": asdict(cfg), "shards": built_shards(), "kinds": args.kinds.split(","), "layers": args.layers,
+               "threads": args.threads, "cpu": cpu_model(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+               "eval_minutes": args.eval_minutes, "engine_eval": args.engine_eval}
+        run_file.write_text(json.dumps(run, indent=1))
+    cfg = CachedTrainConfig(**run["config"])
+    cache = open_run_cache(llm, run["shards"])
+    held = eval_cache(llm)
+    seqs = [TeacherSeq(cache.seq(i).ids, None, None, cache.seq(i).response_start) for i in range(len(cache))]
+    recipe.KINDS = tuple(run["kinds"])
+    torch.manual_seed(cfg.seed)
+    drafters, vocab = recipe.new_drafters(llm, seqs, sorted(llm._eos_ids()), run["layers"])
+    run.setdefault("vocab", vocab)
+    run.setdefault("data", {"sequences": len(cache), "tokens": sum(len(s.ids) for s in seqs),
+                            "response_tokens": sum(len(s.ids) - s.response_start for s in seqs)})
+    run_file.write_text(json.dumps(run, indent=1))
+    last_eval = [time.time()]
+
+    def checkpoint(step, models, state):
+        print(f"[{time.strftime('%H:%M:%S')}] checkpoint at step {step}", flush=True)
+        if time.time() - last_eval[0] < run["eval_minutes"] * 60 and step != cfg.steps and not args.eval_now:
+            return
+        args.eval_now = False
+        for kind, d in models.items():
+            save_drafter(d.eval(), llm.target, out / "snapshots" / f"step_{step:06d}" / kind)
+        evaluate(llm, models, cache, held, out, step, state, run["engine_eval"])
+        last_eval[0] = time.time()
+
+    def log(state):
+        if state.step % args.log_every == 0:
+            h = {k: v[-1] for k, v in state.history.items()}
+            print(f"[{time.strftime('%H:%M:%S')}] step {state.step} blocks {h[next(iter(h))]['blocks']} "
+                  + " ".join(f"{k} {v.get('loss', 0):.4f}" for k, v in h.items())
+                  + f" ({state.elapsed:.0f} s)", flush=True)
+
+    deadline = time.time() + args.minutes * 60 if args.minutes else None
+    state = fit_cached(drafters, cache, cfg, out / "state.pt", llm.target.config.num_layers - 1, deadline=deadline,
+                       on_checkpoint=checkpoint, log=log)
+    blocks = sum(h["blocks"] for h in state.history[run["kinds"][0]])
+    print(f"stopped at step {state.step}: {blocks} blocks in {state.elapsed:.0f} s "
+          f"({blocks / max(state.elapsed, 1e-9):.1f} blocks/s)", flush=True)
+
+
+def cmd_bench(args) -> None:
+    """Blocks trained per second, both drafters on the same batches: the per-step teacher recipe
+    (`train_default_drafters.py`: 2 sequences x 48 anchors, the bf16 target each step) against the
+    cached one (bf16 autocast and fp32), `--bench-steps` steps each after one untimed step."""
+    import tempfile
+    from dataclasses import replace
+
+    from blockdraft.numerics import cpu_model
+    from blockdraft.train.cached import CachedTrainConfig, fit_cached
+    from blockdraft.train.trainer import TeacherSeq, fit_jointly
+
+    torch.set_num_threads(args.threads)
+    llm = recipe.load_llm()
+    cache = open_run_cache(llm, built_shards())
+    seqs = [TeacherSeq(cache.seq(i).ids, None, None, cache.seq(i).response_start) for i in range(len(cache))]
+    last = llm.target.config.num_layers - 1
+    results = {"cpu": cpu_model(), "threads": torch.get_num_threads()}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("per-step teacher", "cached bf16", "cached fp32"):
+            torch.manual_seed(0)
+            drafters, _ = recipe.new_drafters(llm, seqs, sorted(llm._eos_ids()), args.layers)
+            state = Path(tmp) / f"{name}.pt"
+            n = args.bench_steps
+            if name == "per-step teacher":
+                cfg = recipe.run_config(n + 1)
+                fit_jointly(drafters, seqs, replace(cfg, steps=1, save_every=10 ** 9), None, progress=False,
+                            head=recipe._fp32_head(llm.target), target=llm.target)
+                t0 = time.perf_counter()
+                fit_jointly(drafters, seqs, replace(cfg, steps=n, first_draw=cfg.seqs_per_step), None, progress=False,
+                            head=recipe._fp32_head(llm.target), target=llm.target)
+                blocks = n * cfg.seqs_per_step * cfg.anchors_per_seq
+            else:
+                cfg = CachedTrainConfig(steps=n + 1, seqs_per_step=args.seqs_per_step, blocks_per_seq=args.blocks_per_seq,
+                                        bf16=name == "cached bf16", save_every_seconds=10 ** 9)
+                fit_cached(drafters, cache, cfg, state, last, stop_at=1)
+                t0 = time.perf_counter()
+                run = fit_cached(drafters, cache, cfg, state, last)
+                blocks = sum(h["blocks"] for h in run.history[recipe.KINDS[0]][1:])
+            seconds = time.perf_counter() - t0
+            results[name] = {"steps": n, "blocks": blocks, "seconds": seconds, "blocks_per_s": blocks / seconds}
+            print(f"{name}: {blocks} blocks in {seconds:.1f} s = {blocks / seconds:.1f} blocks/s "
+                  f"({'+'.join(recipe.KINDS)} on the same batches)", flush=True)
+    print(json.dumps(results))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("command", choices=["cache", "train", "bench"])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--run", default="main", help="run name: state, snapshots and curve in cached-runs/NAME")
+    ap.add_argument("--minutes", type=float, default=0, help="train: stop at a checkpoint after this long")
+    ap.add_argument("--steps", type=int, default=200000, help="train: step budget of a new run")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--schedule", default="constant", choices=["constant", "cosine"])
+    ap.add_argument("--seqs-per-step", type=int, default=4)
+    ap.add_argument("--blocks-per-seq", type=int, default=0, help="0: every response position")
+    ap.add_argument("--gamma", type=float, default=4.0)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kinds", default="dspark,dflash")
+    ap.add_argument("--fp32", action="store_true", help="train in fp32 (no bf16 autocast)")
+    ap.add_argument("--eval-minutes", type=float, default=30, help="train: evaluate at most this often")
+    ap.add_argument("--engine-eval", action="store_true", help="train: evaluations also decode through the engine")
+    ap.add_argument("--eval-now", action="store_true", help="train: evaluate at the first checkpoint")
+    ap.add_argument("--log-every", type=int, default=10)
+    ap.add_argument("--bench-steps", type=int, default=5, help="bench: timed steps per recipe")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args()
+    {"cache": cmd_cache, "train": cmd_train, "bench": cmd_bench}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
