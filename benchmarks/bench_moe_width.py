@@ -11,7 +11,7 @@ the target's pass over R = 1..9 rows after a `--context`-token prefill, state co
 8) in the target's numerics. Those costs go into the engine's own `DraftWidthPolicy` — cost(width w) =
 drafter + target(w + 1 rows), cost(0) = target(1 row) — with acceptance counts for a per-slot
 acceptance rate a (slot i accepted with probability a^i); the policy's chosen width and its expected
-speed against plain decoding, E(w)/cost(w) ÷ 1/cost(0), are reported per a. `bench_moe_spec.py` runs
+speed against plain decoding, E(w)/cost(w) ÷ 1/cost(0), are reported per a. `bench_spec.py` runs
 the engine end to end instead. Random weights: real routers spread tokens over experts
 differently, so a real checkpoint's expert reads, and so its costs, can differ.
 Writes benchmarks/results/moe_width.json and docs/moe_width.png.
