@@ -158,6 +158,10 @@ def cmd_train(args) -> None:
     out = run_dir(args.run)
     out.mkdir(parents=True, exist_ok=True)
     llm = recipe.load_llm()
+    if args.build_cache:            # finish the teacher cache first (resumable by shard), then train on all of it
+        from blockdraft.train.tap_cache import build
+
+        build(llm.target, recipe.DATA, CACHE_DIR, cache_spec(llm), progress=not args.quiet)
     run_file = out / "run.json"
     if run_file.is_file():          # a resumed run keeps everything it started with
         run = json.loads(run_file.read_text())
@@ -272,6 +276,7 @@ def main() -> None:
     ap.add_argument("--eval-minutes", type=float, default=30, help="train: evaluate at most this often")
     ap.add_argument("--engine-eval", action="store_true", help="train: evaluations also decode through the engine")
     ap.add_argument("--eval-now", action="store_true", help="train: evaluate at the first checkpoint")
+    ap.add_argument("--build-cache", action="store_true", help="train: finish the teacher cache before training")
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--bench-steps", type=int, default=5, help="bench: timed steps per recipe")
     ap.add_argument("--quiet", action="store_true")

@@ -147,7 +147,8 @@ def target_for_cli():
     return load_target(ASSETS / "target-qwen3")
 
 
-def test_train_cli(tmp_path, capsys):
+def test_train_cli(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path / "cache-root"))       # the teacher cache goes there
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(["hello world", "abc def", "the quick fox", "jumps over", "lazy dog"] * 2))
     out = tmp_path / "drafter"
@@ -159,11 +160,17 @@ def test_train_cli(tmp_path, capsys):
     assert [h["step"] for h in record["history"]][-1] == 6 and report["final_loss"] == record["history"][-1]["loss"]
     assert report["validation_mean_al"] == record["validation_mean_al"] and (out / "model.safetensors").is_file()
     assert load_drafter(out, target_for_cli()).config.tap_point == "layer_output"   # DSpark trains on raw outputs
+    assert len(list((tmp_path / "cache-root" / "teacher-cache").glob("*/manifest.json"))) == 1
     assert main(["train", "--target", str(ASSETS / "target-qwen3"), "--prompts", str(tmp_path / "nope.txt"),
                  "--out", str(out), "--taps", "0"]) == 2
+    capsys.readouterr()
+    assert main(["train", "--target", str(ASSETS / "target-qwen3"), "--prompts", str(prompts), "--out",
+                 str(tmp_path / "d2"), "--taps", "0", "--schedule", "cosine", "--seqs-per-step", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("seqs_per_step must be >= 1, got 0")
 
 
-def test_train_cli_builtin_prompts(tmp_path, capsys):
+def test_train_cli_builtin_prompts(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path / "cache-root"))
     out = tmp_path / "drafter"
     assert main(["train", "--target", str(ASSETS / "target-qwen3"), "--kind", "dflash", "--prompts", "builtin:8",
                  "--out", str(out), "--taps", "0,2", "--steps", "2", "--block-size", "4", "--new-tokens", "8"]) == 0
@@ -277,9 +284,13 @@ def test_train_cli_exposes_the_recipe_knobs(tmp_path, capsys):
     out = tmp_path / "drafter"
     assert main(["train", "--target", str(ASSETS / "target-qwen3"), "--kind", "dspark", "--prompts", str(prompts),
                  "--out", str(out), "--taps", "0,2", "--steps", "4", "--block-size", "4", "--markov-rank", "8",
-                 "--new-tokens", "12", "--warmup", "2", "--position-gamma", "2", "--seed", "3", "--save-every", "2",
+                 "--new-tokens", "12", "--warmup", "2", "--position-gamma", "2", "--seed", "3", "--schedule", "cosine",
+                 "--blocks-per-seq", "3", "--top-k", "8", "--cache-dir", str(tmp_path / "cache"),
                  "--mask-token-id", "7", "--threads", "1", "--draft-vocab", "40", "--quiet"]) == 0
-    config = json.loads((out / "training.json").read_text())["config"]
-    assert (config["warmup"], config["position_gamma"], config["seed"], config["save_every"]) == (2, 2.0, 3, 2)
+    record = json.loads((out / "training.json").read_text())
+    config = record["config"]
+    assert (config["warmup"], config["position_gamma"], config["seed"], config["schedule"]) == (2, 2.0, 3, "cosine")
+    assert config["blocks_per_seq"] == 3 and all(h["blocks"] <= 3 * 2 for h in record["history"])
+    assert json.loads((tmp_path / "cache" / "manifest.json").read_text())["top_k"] == 8   # the cache is outside --out
     drafter = load_drafter(out, target_for_cli()).config
     assert drafter.mask_token_id == 7 and drafter.draft_vocab_size == 40
