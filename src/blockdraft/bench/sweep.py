@@ -1,11 +1,14 @@
 """`blockdraft bench --sweep`: decode throughput over a context length × batch size matrix, plain
 decoding vs speculative decoding side by side in every cell (the seeds' 512–8192 × 1–16 table).
+The speculative engine drafts the drafter's full block every step (no width policy), so a cell
+shows what the drafter itself buys there.
 
 Each cell prefills `batch` prompts of exactly `context` tokens (slices of one text: HumanEval's
 problems, tiled), then decodes `new_tokens` greedy tokens per row with EOS ignored, so both modes
 produce the same number of tokens. Decode tokens/s counts only the steps after every row has its
 first token, so the prefill (identical in both modes) does not dilute the comparison. Modes run
-alternately in each repeat and the report keeps medians. Every cell's KV cache (target and drafter)
+alternately in each repeat; tokens/s are medians over repeats and the speedup is the median of the
+per-repeat ratios, so machine noise hits both sides of each ratio alike. Every cell's KV cache (target and drafter)
 is checked against the budget before any cell runs; cells that cannot fit are refused by name.
 Contexts past the model's limit are capped at the longest that fits with the decoded tokens.
 """
@@ -137,8 +140,9 @@ def run_sweep(target, drafter, tokenizer, cfg: SweepConfig, progress: bool = Tru
                 lengths = al if mode == "spec" else lengths
                 bar.update(1)
         plain, spec = statistics.median(rates["plain"]), statistics.median(rates["spec"])
+        ratios = [s / p for s, p in zip(rates["spec"], rates["plain"]) if p]   # within a repeat: same machine state
         results.append({"context": c, "batch": b, "plain_tok_s": plain, "spec_tok_s": spec,
-                        "speedup": spec / plain if plain else None,
+                        "speedup": statistics.median(ratios) if ratios else None,
                         "mean_al": sum(lengths) / len(lengths) if lengths else None,
                         "identical": tokens["plain"] == tokens["spec"], "cache_bytes": cell["cache_bytes"]})
         del engines
@@ -177,7 +181,9 @@ def plot_sweep(report: dict, path, title: str = "") -> None:
     for i, ctx in enumerate(contexts):
         for j, b in enumerate(batches):
             cell = by[ctx, b]
-            ax.text(j, i, f"{cell['speedup']:.2f}×\nAL {cell['mean_al']:.2f}", ha="center", va="center", fontsize=8)
+            dark = abs(cell["speedup"] - 1) > 0.6 * span
+            ax.text(j, i, f"{cell['speedup']:.2f}×\nAL {cell['mean_al']:.2f}", ha="center", va="center", fontsize=8,
+                    color="white" if dark else "black")
     ax.set_xticks(range(len(batches)), [str(b) for b in batches])
     ax.set_yticks(range(len(contexts)), [str(c) for c in contexts])
     ax.set_xlabel("batch size")
