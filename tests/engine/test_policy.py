@@ -3,7 +3,7 @@
 import pytest
 
 from blockdraft.engine.engine import EngineConfig, LLMEngine
-from blockdraft.engine.policy import DraftWidthPolicy
+from blockdraft.engine.policy import WIDE_TRIES, DraftWidthPolicy
 from blockdraft.errors import ConfigError
 from blockdraft.sampling.params import SamplingParams
 from conftest import random_prompts
@@ -11,7 +11,7 @@ from conftest import random_prompts
 
 def _measure(policy, batch, cost_of, accepted_of):
     """Run the policy's exploration to the end with a synthetic machine and drafter."""
-    for _ in range(len(policy.widths)):
+    for _ in range(len(policy.widths) + WIDE_TRIES):
         w = policy.choose(batch)
         policy.record(batch, w, cost_of(w), [w] * batch, [accepted_of(w)] * batch)
 
@@ -23,10 +23,10 @@ def test_tries_plain_then_the_widest_then_only_widths_that_could_win():
     for _ in range(6):                       # drafts never accepted, each verify row dear: plain wins
         seen.append(policy.choose(1))
         policy.record(1, seen[-1], 1.0 + 0.5 * seen[-1], [seen[-1]], [0])
-    assert seen == [0, 8, 0, 0, 0, 0]
+    assert seen == [0] + [8] * WIDE_TRIES + [0] * (5 - WIDE_TRIES)
     mid = DraftWidthPolicy(8, min_gap=1000)      # acceptance decays, each verify row costs 10%
     cost = {w: 1.0 + (0.1 * w + 0.1 if w else 0.0) for w in mid.widths}
-    for w in (0, 8):
+    for w in (0,) + (8,) * WIDE_TRIES:
         assert mid.choose(1) == w
         mid.record(1, w, cost[w], [w], [0])
     mid.trials[1:], mid.hits[1:] = [1000] * 8, [900, 700, 400, 200, 100, 50, 20, 10]
@@ -85,10 +85,12 @@ def test_looks_cost_at_most_their_share_of_decoding_time():
         picks.append(w)
         spent += cost[w]
         policy.record(8, w, cost[w], [w] * 8, [0] * 8)
-    looks = [i for i, w in enumerate(picks) if w and i > 1]     # after the first plain step and the widest
-    assert set(picks[2:]) == {0, 1} and len(looks) > 10
+    first = 1 + WIDE_TRIES                                      # the first plain step, the widest's tries
+    assert picks[1:first] == [4] * WIDE_TRIES
+    looks = [i for i, w in enumerate(picks) if w and i >= first]
+    assert set(picks[first:]) == {0, 1} and len(looks) > 10
     assert min(b - a for a, b in zip(looks, looks[1:])) >= 16
-    assert spent - 2000 * cost[0] <= 0.03 * spent + cost[4]     # the widest's one step, plus the share
+    assert spent - 2000 * cost[0] <= 0.03 * spent + WIDE_TRIES * cost[4]     # the widest's tries, plus the share
 
 
 def test_a_drafter_that_starts_to_accept_is_found_by_the_looks():

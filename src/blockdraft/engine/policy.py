@@ -7,10 +7,14 @@ per-position acceptance (drafts are prefix-consistent — slot i does not depend
 slots are verified — so a step with k drafts also informs every narrower width), cost per
 power-of-two batch bucket and width (a lower sample moves the estimate halfway, a higher one a
 quarter: timing noise on a shared machine is mostly slowdowns, so a cost measured in a slow
-spell must not linger). A width not measured in a bucket is interpolated between its measured
+spell must not linger). A step's cost leaves out drafter context it wrote for earlier steps that
+did not draft (`StepOutputs.catch_up_s`): a look at a drafting width after plain steps would
+otherwise carry their upkeep. A width not measured in a bucket is interpolated between its measured
 neighbours, or else scaled from the nearest bucket that measured it (its cost relative to that
 bucket's plain step), so a new bucket starts from a plain step and tries only what could win.
-The widest width is tried once per process (it measures every slot's acceptance).
+The widest width is tried `WIDE_TRIES` times per process, one after another (it measures every
+slot's acceptance; one step is too few to judge the deep slots by, and the first drafting step
+also pays one-time costs).
 
 Exploration has a budget: every step earns `explore_share` of its time as credit, and a look at
 a width next to the best one (a plain step among them while drafting, so its cost is not left
@@ -33,6 +37,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 
+WIDE_TRIES = 3
+
+
 class DraftWidthPolicy:
     def __init__(self, max_width: int, enabled: bool = True, explore_share: float = 0.01, min_gap: int = 32,
                  margin: float = 1.05):
@@ -48,6 +55,7 @@ class DraftWidthPolicy:
         self.credit: defaultdict[int, float] = defaultdict(float)   # bucket -> seconds earned for looks
         self.since_look: defaultdict[int, int] = defaultdict(int)   # bucket -> steps since its last look
         self.looks: defaultdict[int, int] = defaultdict(int)        # bucket -> looks taken (rotates the target)
+        self.wide_steps = 0                                   # steps this process took at the widest width
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -92,8 +100,8 @@ class DraftWidthPolicy:
         b = self.bucket(batch)
         if (b, 0) not in self.cost:          # a plain step first: cheap, and other buckets' costs scale from it
             return 0
-        if not any(w for _, w in self.cost):
-            return self.max_width            # once per process: the widest measures every slot's acceptance
+        if self.wide_steps < WIDE_TRIES:
+            return self.max_width            # the widest measures every slot's acceptance
         rate = {w: self.expected_tokens(w) / c for w in self.widths if (c := self._cost(b, w)) is not None}
         best = max(rate, key=lambda w: (rate[w], -w))
         if (b, best) not in self.cost:       # estimated (interpolated or scaled) to win: measure it
@@ -133,6 +141,8 @@ class DraftWidthPolicy:
             return False
         scale = min(1.0, weight / max(1, trials[1] if len(trials) > 1 else 0))
         self.cost = cost
+        if any(w for _, w in cost):          # an earlier process measured the slots: no need to again
+            self.wide_steps = WIDE_TRIES
         self.trials = [round(t * scale) for t in trials]
         self.hits = [min(round(h * scale), t) for h, t in zip(hits, self.trials)]
         return True
@@ -140,6 +150,7 @@ class DraftWidthPolicy:
     def record(self, batch: int, width: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
         """One decode step: its time at `width`, and each sequence's drafted / accepted counts."""
         key = (self.bucket(batch), width)
+        self.wide_steps += width == self.max_width
         old = self.cost.get(key)
         self.cost[key] = seconds if old is None else old + (0.5 if seconds < old else 0.25) * (seconds - old)
         self.credit[key[0]] += self.explore_share * seconds

@@ -45,6 +45,7 @@ class StepOutputs:
     prefill: list[SeqOutput] = field(default_factory=list)
     decode: list[SeqOutput] = field(default_factory=list)
     decode_s: float = 0.0      # wall time of the decode half (what the width policy learns from)
+    catch_up_s: float = 0.0    # of which: drafter context of earlier steps that did not draft (see flush_context)
 
 
 def verify(seq: Sequence, block: list[int], logits: torch.Tensor, argmax: list[int], draft_q: torch.Tensor | None,
@@ -72,14 +73,17 @@ class StepRunner(abc.ABC):
 
     ring = None
     states = None
+    catch_up_s = 0.0           # set by a decode that wrote drafter context owed by earlier plain steps
 
     def run(self, batch: ScheduledBatch) -> StepOutputs:
         """Prefill the scheduled chunks, then propose → verify → accept for the decoding sequences."""
         out = StepOutputs(self.prefill(batch.prefill, batch.prefill_counts) if batch.prefill else [])
         if batch.decode:
+            self.catch_up_s = 0.0
             t0 = time.perf_counter()
             out.decode = self.decode(batch.decode, batch.n_drafts)
             out.decode_s = time.perf_counter() - t0
+            out.catch_up_s = self.catch_up_s
         return out
 
     @abc.abstractmethod
@@ -210,10 +214,15 @@ class ModelRunner(StepRunner):
         todo = [s for s, n in zip(seqs, written) if n]
         if self.drafter is None or not todo:
             return written
+        t0 = time.perf_counter()
         rows = [torch.cat(s.pending_taps, dim=1) for s in todo]                    # each [1, n_i, F]
         counts = [r.shape[1] for r in rows]
         width = max(counts)
         taps = torch.cat([torch.nn.functional.pad(r, (0, 0, 0, width - r.shape[1])) for r in rows])
         step = self._drafter_step(todo, self._tables(todo), [s.num_drafter_ctx for s in todo], counts)
         self.drafter.extend_context(taps, step)
+        # a step after drafting steps writes its predecessor's rows; rows beyond those are owed by steps that
+        # did not draft, and their share of the time is not this step's width's own cost
+        own = sum(s.pending_taps[-1].shape[1] for s in todo)
+        self.catch_up_s = (time.perf_counter() - t0) * (1 - own / sum(counts))
         return written

@@ -101,7 +101,7 @@ class Scheduler:
             seq.num_computed = len(seq.tokens) - 1
             # only blocks whose drafter context is written may be shared
             self.blocks.register(seq.block_table, seq.tokens, seq.num_drafter_ctx if self.drafting else seq.num_computed)
-        self.policy.record(len(batch.decode), batch.width, out.decode_s, [o.drafted for o in out.decode],
+        self.policy.record(len(batch.decode), batch.width, out.decode_s - out.catch_up_s, [o.drafted for o in out.decode],
                            [o.accepted for o in out.decode])
         return touched + batch.decode
 
