@@ -445,7 +445,9 @@ static void amx_configure(int n, int bf16, int *configured) {
             cfg.rows[4] = (uint8_t)(2 * second), cfg.colsb[4] = 64;
         }
     }
-    _tile_loadconfig(&cfg);
+    /* not _tile_loadconfig: GCC 12 spells its operand as 8 bytes, so the stores to the rest of cfg may be
+     * dropped as dead (seen: a #GP on a garbage config) */
+    __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
     *configured = key;
 }
 
@@ -458,7 +460,8 @@ static void amx_release(int *configured) {
 #ifndef AMX_AHEAD
 #define AMX_AHEAD 4      /* groups between the stages of the pipelines below */
 #endif
-#define AMX_RING 8       /* buffers per stage: a power of two > AMX_AHEAD */
+#define AMX_RING 8       /* buffers per stage: a power of two > AMX_AHEAD (unpacked weights: twice that, so
+                            the epilogue's extra vector row can read them 2 AMX_AHEAD groups after) */
 
 /* R rows (a constant where it is inlined, 1..AMX_ROWS) over all groups of one block, their 16 sums each
  * in registers, as tile_avx512 computes them. Each group goes through three stages AMX_AHEAD groups apart,
@@ -468,13 +471,13 @@ static void amx_release(int *configured) {
  * just-stored bytes, or a vector load of a just-stored tile, stalls for ~100 cycles). */
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma,amx-tile,amx-int8"), always_inline))
 static inline void tile_amx(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0,
-                            float *acc, const int R) {
+                            float *acc, const int R, const int V) {
     const __m512i low = _mm512_set1_epi8(15);
     size_t wstride = bits == 4 ? 256 : 512, sstride = bits == 4 ? 32 : 16;
-    uint8_t unpacked[AMX_RING][512] __attribute__((aligned(64)));
+    uint8_t unpacked[2 * AMX_RING][512] __attribute__((aligned(64)));
     int32_t sums[AMX_RING][2 * R][COLS] __attribute__((aligned(64)));   /* [.., 2r + (0: hi, 1: lo), col] */
     const int8_t *hl = a->hi + (size_t)r0 * 2 * a->half, *hl8 = hl + (size_t)8 * 2 * a->half;
-    __m512 o[AMX_ROWS];
+    __m512 o[AMX_ROWS], ov = _mm512_setzero_ps();
     for (int r = 0; r < R; r++) o[r] = _mm512_setzero_ps();
     (void)K;
     for (int i = -2 * AMX_AHEAD; i < G; i++) {
@@ -485,14 +488,14 @@ static inline void tile_amx(const uint8_t *w, const uint16_t *sc, int bits, int 
             if (bits == 4)
                 for (int c = 0; c < 4; c++) {        /* row 2c: low nibbles of 64-byte chunk c; 2c + 1: high */
                     __m512i raw = _mm512_loadu_si512((const void *)(wg + 64 * c));
-                    uint8_t *dst = unpacked[p & (AMX_RING - 1)] + 128 * c;
+                    uint8_t *dst = unpacked[p & (2 * AMX_RING - 1)] + 128 * c;
                     _mm512_store_si512((void *)dst, _mm512_and_si512(raw, low));
                     _mm512_store_si512((void *)(dst + 64), _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
                 }
         }
         if (t >= 0 && t < G) {                          /* stage 2: the tile products of group t */
             int32_t (*dst)[COLS] = sums[t & (AMX_RING - 1)];
-            _tile_loadd(2, bits == 4 ? unpacked[t & (AMX_RING - 1)] : w + t * wstride, 64);   /* q8: q + 128 */
+            _tile_loadd(2, bits == 4 ? unpacked[t & (2 * AMX_RING - 1)] : w + t * wstride, 64);   /* q8: q + 128 */
             _tile_loadd(0, hl + t * GROUP, a->half);     /* row 2r: row r's hi bytes, 2r + 1: its lo bytes */
             _tile_zero(3);
             _tile_dpbsud(3, 0, 2);
@@ -522,9 +525,35 @@ static inline void tile_amx(const uint8_t *w, const uint16_t *sc, int bits, int 
                 o[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ddx, o[r]);
                 if (bits == 4) o[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a->sx[row * G + g]), o[r]);
             }
+            if (V) {                  /* row R on the vector units, as tile_avx512 computes it, beside the tile */
+                const uint8_t *wb = bits == 4 ? unpacked[g & (2 * AMX_RING - 1)] : w + g * wstride;
+                size_t row = (size_t)(r0 + R);
+                const int32_t *xh = (const int32_t *)(a->hi + row * 2 * a->half + g * GROUP);
+                const int32_t *xl = (const int32_t *)(a->lo + row * 2 * a->half + g * GROUP);
+                __m512i ih = _mm512_setzero_si512(), il = _mm512_setzero_si512();
+                __m512i jh = _mm512_setzero_si512(), jl = _mm512_setzero_si512();
+                for (int j = 0; j < 8; j += 2) {
+                    __m512i w0 = _mm512_load_si512((const void *)(wb + 64 * j)), w1 = _mm512_load_si512((const void *)(wb + 64 * j + 64));
+                    ih = _mm512_dpbusd_epi32(ih, w0, _mm512_set1_epi32(xh[j]));
+                    il = _mm512_dpbusd_epi32(il, w0, _mm512_set1_epi32(xl[j]));
+                    jh = _mm512_dpbusd_epi32(jh, w1, _mm512_set1_epi32(xh[j + 1]));
+                    jl = _mm512_dpbusd_epi32(jl, w1, _mm512_set1_epi32(xl[j + 1]));
+                }
+                ih = _mm512_add_epi32(ih, jh);
+                il = _mm512_add_epi32(il, jl);
+                if (bits == 8) {
+                    ih = _mm512_sub_epi32(ih, _mm512_set1_epi32(128 * a->sumhi[row * G + g]));
+                    il = _mm512_sub_epi32(il, _mm512_set1_epi32(128 * a->sumlo[row * G + g]));
+                }
+                __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(ih, 8), il);
+                __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(a->dx[row * G + g]));
+                ov = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ddx, ov);
+                if (bits == 4) ov = _mm512_fmadd_ps(mv, _mm512_set1_ps(a->sx[row * G + g]), ov);
+            }
         }
     }
     for (int r = 0; r < R; r++) _mm512_storeu_ps(acc + r * COLS, o[r]);
+    if (V) _mm512_storeu_ps(acc + R * COLS, ov);
 }
 
 /* ---- AMX bf16 (4-bit weights): one fp32 tile of exact group sums for up to 16 rows ----
@@ -611,18 +640,23 @@ static inline void tile_amx_bf16(const uint8_t *w, const uint16_t *sc, int G, co
     for (int r = 0; r < R; r++) _mm512_storeu_ps(acc + r * COLS, o[r]);
 }
 
-/* Which path ISA_AMX takes for a pass of m rows (measured on a 2-core Xeon with AMX, in
- * benchmarks/bench_costs.py): one or two rows on the VNNI path (a tile pass costs ~40 cycles a group
- * whatever its rows), 4-bit passes of 9 rows or more on the bf16 tiles (one tile store a group for up to
- * 16 rows), the rest on the int8 tiles. */
+/* Which path ISA_AMX takes for a pass of m rows (measured on a 2-core Xeon with AMX, where a tile product
+ * costs ~10 ns whatever its rows, so the count of tile products per group sets the cost): one or two rows
+ * on the VNNI path; 3-8 rows on one int8 tile product a group; 9 rows (a block of 8 drafts and its anchor)
+ * on one int8 tile product for 8 of them and the VNNI units for the 9th, reading the same unpacked
+ * weights; 10-16 rows of 4-bit weights on the bf16 tiles (two products a group, and no second tile store),
+ * the rest on two int8 products. */
 #ifndef AMX_MIN_ROWS
 #define AMX_MIN_ROWS 3
 #endif
 #ifndef AMX_BF16_ROWS
-#define AMX_BF16_ROWS 9
+#define AMX_BF16_ROWS 10
+#endif
+#ifndef AMX_HYBRID_ROWS
+#define AMX_HYBRID_ROWS 9
 #endif
 
-#define TILE_AMX_CASE(R) case R: tile_amx(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, R); break;
+#define TILE_AMX_CASE(R) case R: tile_amx(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, R, 0); break;
 #define TILE_AMX_BF16_CASE(R) case R: tile_amx_bf16(w, sc, G, a, r0 + r, acc + r * COLS, R); break;
 
 /* rows r0..r0+n-1 over one block, in passes of up to AMX_ROWS rows, each on the path `isa` picks for it */
@@ -635,6 +669,11 @@ static void block_amx(const uint8_t *w, const uint16_t *sc, int bits, int G, int
         if (bits != 4 || a->ab == NULL) bf16 = 0;
         if (isa == ISA_AMX && m < AMX_MIN_ROWS) {
             block_avx512(w, sc, bits, G, K, a, r0 + r, m, acc + r * COLS);
+            continue;
+        }
+        if (isa == ISA_AMX && m == AMX_HYBRID_ROWS) {  /* 8 rows on one tile, the 9th on the vector units */
+            amx_configure(8, 0, configured);
+            tile_amx(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 8, 1);
             continue;
         }
         amx_configure(m, bf16, configured);
