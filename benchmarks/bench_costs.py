@@ -21,7 +21,7 @@ VNNI path are compared in one run. `--json` prints one JSON object: each series 
 median ms, and the instruction set the int4 kernel ran (`isa`).
 Medians of `--repeats`; every configuration is timed in the same process, interleaved by repeat.
 Writes benchmarks/results/costs.json and docs/costs.png (`--models qwen3.5` alone: costs_qwen3_5.*; other
-family shapes without smollm2: costs_families.*).
+family shapes without smollm2: costs_families.*; `--name NAME`: NAME.*).
 """
 
 from __future__ import annotations
@@ -168,6 +168,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--isas", default=None, help="instruction sets for the quantized series, best first "
                     "(default: the best this CPU runs); e.g. amx,avx512vnni")
+    ap.add_argument("--name", default=None, help="results name (benchmarks/results/NAME.json, docs/NAME.png); "
+                    "default by --models: costs, costs_qwen3_5 or costs_families")
     ap.add_argument("--breakdown", action="store_true", help="per-part times of 1- and 9-row int4 passes")
     ap.add_argument("--json", action="store_true", help="print one JSON object (series -> rows -> ms, isa)")
     ap.add_argument("--models", default="smollm2,qwen3.5", help="smollm2 (every numerics, drafters), and the "
@@ -280,7 +282,8 @@ def main() -> int:
     if breakdown:
         report["breakdown_ms"] = breakdown
     # the family-shaped targets alone get their own files: Qwen3.5's, and the others'
-    name = "costs" if "smollm2" in models else "costs_qwen3_5" if models == {"qwen3.5"} else "costs_families"
+    name = args.name or ("costs" if "smollm2" in models else "costs_qwen3_5" if models == {"qwen3.5"}
+                         else "costs_families")
     write_results(name, report)
     if args.json:
         print(json.dumps({"isa": report["isa"], "cpu": report["cpu"], "threads": args.threads,
