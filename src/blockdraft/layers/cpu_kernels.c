@@ -533,7 +533,7 @@ static inline void tile_amx(const uint8_t *w, const uint16_t *sc, int bits, int 
                 __m512i ih = _mm512_setzero_si512(), il = _mm512_setzero_si512();
                 __m512i jh = _mm512_setzero_si512(), jl = _mm512_setzero_si512();
                 for (int j = 0; j < 8; j += 2) {
-                    __m512i w0 = _mm512_load_si512((const void *)(wb + 64 * j)), w1 = _mm512_load_si512((const void *)(wb + 64 * j + 64));
+                    __m512i w0 = _mm512_loadu_si512((const void *)(wb + 64 * j)), w1 = _mm512_loadu_si512((const void *)(wb + 64 * j + 64));
                     ih = _mm512_dpbusd_epi32(ih, w0, _mm512_set1_epi32(xh[j]));
                     il = _mm512_dpbusd_epi32(il, w0, _mm512_set1_epi32(xl[j]));
                     jh = _mm512_dpbusd_epi32(jh, w1, _mm512_set1_epi32(xh[j + 1]));
