@@ -1,4 +1,6 @@
-"""`blockdraft train`: distil a drafter from its target's own greedy text, resumably.
+"""The per-step teacher recipe: distil a drafter from its target's own greedy text, resumably
+(`scripts/train_default_drafters.py` trained the shipped SmolLM2 drafters with it; `blockdraft
+train` runs the cached-teacher recipe, `run.py`, and shares the teacher helpers below).
 
 Data: the target's greedy responses to a prompt set (the DFlash/DSpark recipe), generated
 by the batch engine, then one teacher-forced pass per sequence records the drafter's taps
