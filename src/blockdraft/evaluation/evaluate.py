@@ -26,10 +26,10 @@ def gate_key(llm, target, drafter, set_name: str) -> GateKey:
     """What a gate row is keyed by: model and drafter by name (the default model is `smollm2`, a
     shipped drafter its name, a directory its folder name), set, block size, dtype/quantization."""
     from ..default_model import NAME
-    from ..llm import is_default_target
+    from ..llm import DEFAULT_DRAFTERS, is_default_target
 
     model = NAME if is_default_target(target) else Path(target).resolve().name
-    name = str(drafter) if str(drafter) in ("dflash", "dspark") else Path(drafter).resolve().name
+    name = str(drafter) if str(drafter) in DEFAULT_DRAFTERS else Path(drafter).resolve().name
     return GateKey(model, name, set_name, llm.drafter.config.block_size,
                    f"{llm.numerics['dtype']}/{llm.numerics['quantization']}")
 
