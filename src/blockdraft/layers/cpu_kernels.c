@@ -343,6 +343,38 @@ static void block_avx2(const uint8_t *w, const uint16_t *sc, int bits, int G, in
     }
 }
 
+/* The VNNI path's integer group sums of one row: its hi and lo bytes (dwords xh[j], xl[j]) against the 8
+ * weight vectors (wv[j]: 16 columns, inputs 4j..4j+3), two chains each; exact. */
+__attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline))
+static inline void vnni_sums(const __m512i wv[8], const int32_t *xh, const int32_t *xl, __m512i *hi, __m512i *lo) {
+    __m512i ih = _mm512_setzero_si512(), il = _mm512_setzero_si512();
+    __m512i jh = _mm512_setzero_si512(), jl = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j += 2) {
+        ih = _mm512_dpbusd_epi32(ih, wv[j], _mm512_set1_epi32(xh[j]));
+        il = _mm512_dpbusd_epi32(il, wv[j], _mm512_set1_epi32(xl[j]));
+        jh = _mm512_dpbusd_epi32(jh, wv[j + 1], _mm512_set1_epi32(xh[j + 1]));
+        jl = _mm512_dpbusd_epi32(jl, wv[j + 1], _mm512_set1_epi32(xl[j + 1]));
+    }
+    *hi = _mm512_add_epi32(ih, jh);
+    *lo = _mm512_add_epi32(il, jl);
+}
+
+/* One row's float epilogue for one group, the same on every AVX512 and AMX path: q8's +128 offset taken off the
+ * hi and lo sums, isum = 256 hi + lo, acc = fma(isum, d dx, acc), then q4's acc = fma(m, dx sum(qx), acc).
+ * `at` = row * G + group. */
+__attribute__((target("avx512f,avx512bw,fma"), always_inline))
+static inline __m512 group_epilogue(__m512i ih, __m512i il, __m512 dv, __m512 mv, int bits, const Acts *a, size_t at,
+                                    __m512 acc) {
+    if (bits == 8) {          /* the weights were stored + 128 */
+        ih = _mm512_sub_epi32(ih, _mm512_set1_epi32(128 * a->sumhi[at]));
+        il = _mm512_sub_epi32(il, _mm512_set1_epi32(128 * a->sumlo[at]));
+    }
+    __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(ih, 8), il);
+    __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(a->dx[at]));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ddx, acc);
+    return bits == 4 ? _mm512_fmadd_ps(mv, _mm512_set1_ps(a->sx[at]), acc) : acc;
+}
+
 /* R rows (a constant where it is inlined) over all groups of one block, their 16 sums each in registers */
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma"), always_inline))
 static inline void tile_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0,
@@ -369,26 +401,10 @@ static inline void tile_avx512(const uint8_t *w, const uint16_t *sc, int bits, i
         __m512 mv = bits == 4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + COLS))) : dv;
         for (int r = 0; r < R; r++) {
             size_t row = (size_t)(r0 + r);
-            const int32_t *xh = (const int32_t *)(a->hi + row * 2 * a->half + g * GROUP);
-            const int32_t *xl = (const int32_t *)(a->lo + row * 2 * a->half + g * GROUP);
-            __m512i ih = _mm512_setzero_si512(), il = _mm512_setzero_si512();
-            __m512i jh = _mm512_setzero_si512(), jl = _mm512_setzero_si512();
-            for (int j = 0; j < 8; j += 2) {                /* two chains each: exact integer sums */
-                ih = _mm512_dpbusd_epi32(ih, wv[j], _mm512_set1_epi32(xh[j]));
-                il = _mm512_dpbusd_epi32(il, wv[j], _mm512_set1_epi32(xl[j]));
-                jh = _mm512_dpbusd_epi32(jh, wv[j + 1], _mm512_set1_epi32(xh[j + 1]));
-                jl = _mm512_dpbusd_epi32(jl, wv[j + 1], _mm512_set1_epi32(xl[j + 1]));
-            }
-            ih = _mm512_add_epi32(ih, jh);
-            il = _mm512_add_epi32(il, jl);
-            if (bits == 8) {          /* the weights were stored + 128 */
-                ih = _mm512_sub_epi32(ih, _mm512_set1_epi32(128 * a->sumhi[row * G + g]));
-                il = _mm512_sub_epi32(il, _mm512_set1_epi32(128 * a->sumlo[row * G + g]));
-            }
-            __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(ih, 8), il);
-            __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(a->dx[row * G + g]));
-            o[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ddx, o[r]);
-            if (bits == 4) o[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a->sx[row * G + g]), o[r]);
+            __m512i ih, il;
+            vnni_sums(wv, (const int32_t *)(a->hi + row * 2 * a->half + g * GROUP),
+                      (const int32_t *)(a->lo + row * 2 * a->half + g * GROUP), &ih, &il);
+            o[r] = group_epilogue(ih, il, dv, mv, bits, a, row * G + g, o[r]);
         }
     }
     for (int r = 0; r < R; r++) _mm512_storeu_ps(acc + r * COLS, o[r]);
@@ -515,40 +531,17 @@ static inline void tile_amx(const uint8_t *w, const uint16_t *sc, int bits, int 
             __m512 mv = bits == 4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + COLS))) : dv;
             for (int r = 0; r < R; r++) {
                 size_t row = (size_t)(r0 + r);
-                __m512i ih = _mm512_load_si512((const void *)src[2 * r]), il = _mm512_load_si512((const void *)src[2 * r + 1]);
-                if (bits == 8) {          /* the weights were stored + 128 */
-                    ih = _mm512_sub_epi32(ih, _mm512_set1_epi32(128 * a->sumhi[row * G + g]));
-                    il = _mm512_sub_epi32(il, _mm512_set1_epi32(128 * a->sumlo[row * G + g]));
-                }
-                __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(ih, 8), il);
-                __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(a->dx[row * G + g]));
-                o[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ddx, o[r]);
-                if (bits == 4) o[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a->sx[row * G + g]), o[r]);
+                o[r] = group_epilogue(_mm512_load_si512((const void *)src[2 * r]),
+                                      _mm512_load_si512((const void *)src[2 * r + 1]), dv, mv, bits, a, row * G + g, o[r]);
             }
             if (V) {                  /* row R on the vector units, as tile_avx512 computes it, beside the tile */
                 const uint8_t *wb = bits == 4 ? unpacked[g & (2 * AMX_RING - 1)] : w + g * wstride;
                 size_t row = (size_t)(r0 + R);
-                const int32_t *xh = (const int32_t *)(a->hi + row * 2 * a->half + g * GROUP);
-                const int32_t *xl = (const int32_t *)(a->lo + row * 2 * a->half + g * GROUP);
-                __m512i ih = _mm512_setzero_si512(), il = _mm512_setzero_si512();
-                __m512i jh = _mm512_setzero_si512(), jl = _mm512_setzero_si512();
-                for (int j = 0; j < 8; j += 2) {
-                    __m512i w0 = _mm512_loadu_si512((const void *)(wb + 64 * j)), w1 = _mm512_loadu_si512((const void *)(wb + 64 * j + 64));
-                    ih = _mm512_dpbusd_epi32(ih, w0, _mm512_set1_epi32(xh[j]));
-                    il = _mm512_dpbusd_epi32(il, w0, _mm512_set1_epi32(xl[j]));
-                    jh = _mm512_dpbusd_epi32(jh, w1, _mm512_set1_epi32(xh[j + 1]));
-                    jl = _mm512_dpbusd_epi32(jl, w1, _mm512_set1_epi32(xl[j + 1]));
-                }
-                ih = _mm512_add_epi32(ih, jh);
-                il = _mm512_add_epi32(il, jl);
-                if (bits == 8) {
-                    ih = _mm512_sub_epi32(ih, _mm512_set1_epi32(128 * a->sumhi[row * G + g]));
-                    il = _mm512_sub_epi32(il, _mm512_set1_epi32(128 * a->sumlo[row * G + g]));
-                }
-                __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(ih, 8), il);
-                __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(a->dx[row * G + g]));
-                ov = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ddx, ov);
-                if (bits == 4) ov = _mm512_fmadd_ps(mv, _mm512_set1_ps(a->sx[row * G + g]), ov);
+                __m512i wv[8], ih, il;
+                for (int j = 0; j < 8; j++) wv[j] = _mm512_loadu_si512((const void *)(wb + 64 * j));
+                vnni_sums(wv, (const int32_t *)(a->hi + row * 2 * a->half + g * GROUP),
+                          (const int32_t *)(a->lo + row * 2 * a->half + g * GROUP), &ih, &il);
+                ov = group_epilogue(ih, il, dv, mv, bits, a, row * G + g, ov);
             }
         }
     }
