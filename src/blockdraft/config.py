@@ -1,7 +1,8 @@
 """Frozen, validated configs: one per concern, built once by `checkpoints.resolve`.
 
-Nothing here knows a foreign spelling; `checkpoints/resolve.py` maps published
-config files onto these fields. Every `ValueError` names the field and value.
+Nothing here knows a foreign spelling: each target family's file (`models/families/`) maps its
+published config onto `TargetConfig`, `checkpoints/resolve.py` maps drafter layouts onto
+`DrafterConfig`. Every `ValueError` names the field and value.
 """
 
 from __future__ import annotations
@@ -11,12 +12,19 @@ from dataclasses import dataclass, field
 from .errors import ConfigError
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
-ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe", "lfm2", "lfm2_moe", "gpt_oss", "gemma4")
-DENSE_ARCHITECTURES = ("llama", "qwen3")        # what tensor parallelism and the ONNX export take
 TARGET_LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "short_conv")
 STATE_LAYER_TYPES = ("sliding_attention", "linear_attention", "short_conv")
 DRAFTER_KINDS = ("dflash", "dflash2", "dspark")
 LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def __getattr__(name: str):
+    """`DENSE_ARCHITECTURES`: the architectures whose families run quantized as one fused CPU layer stack,
+    asked of the registry (`layers/quant.py` reads them under this name)."""
+    if name == "DENSE_ARCHITECTURES":
+        from .models.registry import architectures
+        return architectures(lambda family: family.capabilities.fused_layer_stack)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _positive(name: str, value: int | float) -> None:
@@ -104,7 +112,7 @@ class ShortConvConfig:
         _positive("conv_L_cache", self.conv_kernel)
 
 
-MOE_ROUTERS = ("softmax", "sigmoid", "topk_softmax", "gemma4")
+MOE_ROUTERS = ("softmax", "sigmoid", "topk_softmax", "normed_softmax")
 MOE_ACTIVATIONS = ("silu", "clamped_swiglu", "gelu_tanh")
 HIDDEN_ACTS = ("silu", "gelu_tanh")
 
@@ -114,10 +122,11 @@ class MoeConfig:
     """A sparse MoE feed-forward. Routers: "softmax" (Qwen3.5-MoE: softmax over all experts, top-k,
     renormalised), "sigmoid" (LFM2-MoE: sigmoid scores, top-k chosen on score + a per-expert bias,
     the chosen scores renormalised), "topk_softmax" (gpt-oss: top-k of the logits, softmax over
-    those k) or "gemma4" (`models/gemma4.py`: softmax over a normed and scaled copy of the stream,
-    top-k renormalised, per-expert scales). The top-k weights are then scaled by `routed_scaling`. `biases`: the router and the
-    experts' projections carry biases (gpt-oss). Activations: SwiGLU ("silu"), GeGLU ("gelu_tanh",
-    Gemma 4) or gpt-oss's clamped one, (clamp(up, ±L) + 1) · g · sigmoid(1.702 g) with g = min(gate, L), L = `swiglu_limit`.
+    those k) or "normed_softmax" (Gemma 4, `models/gemma4.py`: softmax over a normed and scaled copy of
+    the stream, top-k renormalised, per-expert scales). The top-k weights are then scaled by
+    `routed_scaling`. `biases`: the router and the experts' projections carry biases (gpt-oss).
+    Activations: SwiGLU ("silu"), GeGLU ("gelu_tanh", Gemma 4) or gpt-oss's clamped one,
+    (clamp(up, ±L) + 1) · g · sigmoid(1.702 g) with g = min(gate, L), L = `swiglu_limit`.
     A shared expert (sigmoid-gated, Qwen3.5) where `shared_intermediate_size` > 0; the first
     `dense_layers` layers run a dense MLP instead (LFM2-MoE's `num_dense_layers`)."""
 
@@ -193,8 +202,9 @@ class TargetConfig(DecoderDims):
     final_logit_softcapping: float | None = None
 
     def __post_init__(self):
-        if self.architecture not in ARCHITECTURES:
-            raise ConfigError(f"architecture {self.architecture!r} is not supported (supported: {ARCHITECTURES})")
+        from .models.registry import architectures     # the families import this module
+        if self.architecture not in architectures():
+            raise ConfigError(f"architecture {self.architecture!r} is not supported (supported: {architectures()})")
         self._check_dims()
         if self.layer_types:
             if len(self.layer_types) != self.num_layers:

@@ -10,25 +10,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from pathlib import Path
 
 import torch
 
 from .checkpoints.resolve import canonical_tensor_names, resolve_drafter, resolve_target
-from .checkpoints import mxfp4
 from .checkpoints.rope_layout import reorder_rotated
 from .checkpoints.weights import assign_weights, load_state_dict, read_json, strip_prefix, tensor_names
 from .config import DrafterConfig, TargetConfig
-from .errors import CheckpointError, ConfigError
+from .errors import ConfigError
 from .layers.linear import plan_linears
 from .layers.quant import check_scheme, quantize_drafter, quantize_target
 from .models.drafter import BlockDrafter
+from .models.registry import family_of
 from .models.target import TargetModel
 from .numerics import torch_dtype
 
 log = logging.getLogger(__name__)
-
 
 
 def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
@@ -74,16 +72,13 @@ def _generation_eos(model_dir: Path, eos: tuple[int, ...]) -> tuple[int, ...]:
 # language-model prefix is removed): the vision tower and the multi-token-prediction head
 SKIPPED_TARGET_PREFIXES = ("model.visual.", "visual.", "mtp.", "model.mtp.", "model.vision_tower.",
                            "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
-_EXPERT = re.compile(r"^(layers\.\d+\.(?:mlp|feed_forward)\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)"
-                     r"\.weight$")
-EXPERT_PROJECTIONS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))   # Qwen's spelling, LFM2's
 
 
 def _target_names(tensors: dict[str, torch.Tensor],
                   cfg: TargetConfig) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
     """HF names (`model.layers.0...`, `model.language_model.layers.0...`, `lm_head.weight`) -> module
-    names; drop rotary buffers; set aside (and count) the vision tower and MTP tensors; stack per-expert
-    MoE weights into transformers' packed `experts.gate_up_proj` / `experts.down_proj`."""
+    names; drop rotary buffers; set aside (and count) the vision tower and MTP tensors; then the
+    family's own step (`Family.tensor_names`: stacked experts, renamed modules, tensors it never runs)."""
     out, skipped = {}, {}
     for name, t in tensors.items():
         if name.endswith("rotary_emb.inv_freq"):
@@ -97,112 +92,7 @@ def _target_names(tensors: dict[str, torch.Tensor],
                 name = name[len(p):]
                 break
         out[name] = t
-    if cfg.architecture == "gpt_oss":
-        out = _gpt_oss_experts(out)
-    elif cfg.moe is not None:
-        out = _pack_experts(out, cfg.moe.num_experts)
-    if cfg.architecture.startswith("lfm2"):
-        out = {_lfm2_name(n): t for n, t in out.items()}
-    if cfg.architecture == "gemma4":
-        out = _gemma4_names(out, cfg, skipped)
-    return out, skipped
-
-
-GEMMA4_PER_LAYER = ("embed_tokens_per_layer.", "per_layer_model_projection.", "per_layer_projection_norm.")
-_SHARED_KV = re.compile(r"^layers\.(\d+)\.self_attn\.(k_proj|v_proj|k_norm|v_norm)\.")
-
-
-def _gemma4_names(tensors: dict[str, torch.Tensor], cfg: TargetConfig, skipped: dict[str, int]) -> dict[str, torch.Tensor]:
-    """The per-layer-embedding tensors under `per_layer.`; the K/V projections that published checkpoints
-    carry for shared-KV layers, which those layers never run, set aside (and counted)."""
-    out = {}
-    for name, t in tensors.items():
-        m = _SHARED_KV.match(name)
-        if m is not None and cfg.kv_shared(int(m.group(1))):
-            skipped["shared-KV layers' k/v *"] = skipped.get("shared-KV layers' k/v *", 0) + 1
-            continue
-        out["per_layer." + name if name.startswith(GEMMA4_PER_LAYER) else name] = t
-    return out
-
-
-_GPT_OSS_EXPERTS = re.compile(r"^(layers\.\d+\.mlp)\.experts\.(gate_up_proj|down_proj)(_blocks|_scales|_bias|)$")
-
-
-def _gpt_oss_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """gpt-oss's experts -> `layers/moe.py`'s layout. Published: MXFP4 `*_blocks` / `*_scales` [E, out,
-    in / 32, ...] (dequantized, `checkpoints/mxfp4.py`); transformers' bf16 save: `gate_up_proj` [E, H, 2I]
-    and `down_proj` [E, I, H] (x @ W, transposed here). The gate and up columns interleave (gate even, up
-    odd): split into gate rows then up rows, biases alike. The router is `mlp.router` (here `mlp.gate`)."""
-    out, parts = {}, {}
-    for name, t in tensors.items():
-        m = _GPT_OSS_EXPERTS.match(name)
-        if m is None:
-            out[name.replace(".mlp.router.", ".mlp.gate.")] = t
-        else:
-            parts.setdefault((m.group(1), m.group(2)), {})[m.group(3)] = t
-    for (base, proj), have in parts.items():
-        name = f"{base}.experts.{proj}"
-        if ("_blocks" in have or "_scales" in have) and "" in have:
-            raise CheckpointError(f"target: {name} is in the checkpoint both as bf16 and as MXFP4 blocks/scales; "
-                                  "keep one form")
-        if "_blocks" in have or "_scales" in have:
-            if not {"_blocks", "_scales"} <= set(have):
-                missing = "_scales" if "_blocks" in have else "_blocks"
-                raise CheckpointError(f"target: missing tensors {name}{missing} (MXFP4 needs blocks and scales)")
-            w = mxfp4.dequantize(have["_blocks"], have["_scales"], name)               # [E, out, in]
-        elif "" in have:
-            w = have[""].transpose(1, 2)                                              # [E, in, out] -> [E, out, in]
-        else:
-            raise CheckpointError(f"target: missing tensors {name} (or {name}_blocks / _scales)")
-        bias = have.get("_bias")
-        if proj == "gate_up_proj":
-            w = torch.cat([w[:, 0::2], w[:, 1::2]], dim=1)                             # [E, gate rows ‖ up rows, H]
-            bias = None if bias is None else torch.cat([bias[:, 0::2], bias[:, 1::2]], dim=1)
-        out[name] = w.contiguous()
-        if bias is not None:
-            out[f"{name}_bias"] = bias.contiguous()
-    return out
-
-
-LFM2_NAMES = ((".operator_norm.", ".input_layernorm."), (".ffn_norm.", ".post_attention_layernorm."),
-              (".feed_forward.", ".mlp."), (".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj."),
-              (".self_attn.out_proj.", ".self_attn.o_proj."),
-              (".self_attn.q_layernorm.", ".self_attn.q_norm."), (".self_attn.k_layernorm.", ".self_attn.k_norm."))
-
-
-def _lfm2_name(name: str) -> str:
-    """LFM2's names -> the Llama-style modules its attention and feed-forward run on."""
-    if name.startswith("embedding_norm."):
-        return "norm." + name[len("embedding_norm."):]
-    for old, new in LFM2_NAMES:
-        name = name.replace(old, new)
-    return name
-
-
-def _pack_experts(tensors: dict[str, torch.Tensor], num_experts: int) -> dict[str, torch.Tensor]:
-    """`layers.N.mlp.experts.E.{gate,up,down}_proj.weight` (LFM2: `feed_forward.experts.E.{w1,w3,w2}`; one
-    tensor per expert, as the published checkpoints and transformers' `save_pretrained` write them) -> the
-    stacked [E, ...] tensors."""
-    per: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
-    out = {}
-    for name, t in tensors.items():
-        m = _EXPERT.match(name)
-        if m is None:
-            out[name] = t
-        else:
-            per.setdefault(m.group(1), {}).setdefault(m.group(3), {})[int(m.group(2))] = t
-    for base, parts in per.items():
-        gate, up, down = next(names for names in EXPERT_PROJECTIONS if set(parts) & set(names))
-        for proj in (gate, up, down):
-            have = parts.get(proj, {})
-            missing = [e for e in range(num_experts) if e not in have]
-            if missing:
-                raise CheckpointError(f"target: missing tensors {base}.{missing[0]}.{proj}.weight "
-                                      f"({len(missing)} of {num_experts} experts lack {proj})")
-        stack = {p: torch.stack([parts[p][e] for e in range(num_experts)]) for p in parts}
-        out[f"{base}.gate_up_proj"] = torch.cat([stack[gate], stack[up]], dim=1)
-        out[f"{base}.down_proj"] = stack[down]
-    return out
+    return family_of(cfg.architecture).tensor_names(out, cfg, skipped), skipped
 
 
 def check_drafter_fits(cfg: DrafterConfig, target: TargetConfig, shapes: dict[str, tuple]) -> None:

@@ -2,7 +2,7 @@
 
 Uses the `gguf` package (a convert-time extra) to read and dequantize tensors. llama.cpp
 stores q/k projections with their rotary halves interleaved per head; we undo that
-permutation so the NeoX-layout RoPE of `models/target.py` applies. The tokenizer is
+permutation so the NeoX-layout RoPE of `layers/rope.py` applies. The tokenizer is
 rebuilt from the GGUF vocabulary and merges as a byte-level BPE; SmolLM's `smollm`
 pre-tokenizer splits digits individually, which is kept.
 """

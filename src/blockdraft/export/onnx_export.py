@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from ..config import DENSE_ARCHITECTURES
 from ..errors import ConfigError
 from ..loading import load_drafter, load_target
+from ..models.registry import family_of
 from .graphs import DrafterGraph, TargetGraph
 from .runtime import META, _names, drafter_rows, packed_metadata
 
@@ -53,7 +53,7 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
     weights_bf16 = DTYPES[dtype] == torch.bfloat16
     torch_dtype = torch.float32
     target = load_target(Path(target_dir), torch_dtype)       # validates the target checkpoint
-    if target.config.architecture not in DENSE_ARCHITECTURES:
+    if not family_of(target.config.architecture).capabilities.onnx_export:
         raise ConfigError(f"export onnx: {target.config.architecture} targets are not exported (ONNX Runtime "
                           "GenAI's paged graph contract covers Llama/Qwen3 decoders, with no per-sequence layer "
                           "state); run them in blockdraft")

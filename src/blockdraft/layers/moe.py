@@ -87,7 +87,7 @@ class SparseMoe(DirectCall):
             choice = scores + self.expert_bias.float() if m.expert_bias else scores
             ids = torch.topk(choice, m.top_k, dim=-1).indices
             weights = scores.gather(1, ids)
-        else:                  # "gemma4" routes in `models/gemma4.py` (its router reads the un-normed stream)
+        else:                  # "normed_softmax" routes in `models/gemma4.py` (its router reads the un-normed stream)
             raise ValueError(f"SparseMoe does not run the {m.router!r} router")
         if m.norm_topk and m.router != "topk_softmax":
             weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-6 if m.router == "sigmoid" else 0.0))

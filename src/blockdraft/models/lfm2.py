@@ -3,8 +3,8 @@
 The conv is depthwise and causal over `conv_L_cache` taps, with no activation; its state is the last
 `conv_L_cache - 1` rows of B ⊙ x, kept per sequence in `cache/state.py` like a DeltaNet's (no
 recurrence: rollback is a gather). LFM2's attention layers are Qwen3-style (per-head q/k RMSNorm, full
-rotary) and its feed-forward is SwiGLU: `target.DecoderLayer` runs them, the checkpoint's names mapped
-at load (`loading.py`).
+rotary) and its feed-forward is SwiGLU: `decoder.DecoderLayer` runs them, the checkpoint's names mapped
+at load (`families/lfm2.py`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
-"""Llama / Qwen3 / Qwen3.5 decoder that returns logits and, in the same pass, the drafter's taps.
+"""The target shell: embeddings, a family's layers, final norm and LM head; logits and, in the same
+pass, the drafter's taps.
 
-Qwen3 differs from Llama only by q/k RMSNorm per head (`qk_norm`); everything else
-(GQA, tied embeddings, RoPE scaling) is config. Qwen3.5's hybrid layers (Gated DeltaNet with
-per-sequence state, gated attention) live in `qwen3_5.py`, LFM2's short-conv layers in `lfm2.py`, the
-MoE feed-forward of either in `layers/moe.py`;
-a step view's `state` carries their per-sequence state. A tap of layer i is the residual stream
-after layer i; for the last layer its value depends on the drafter's tap point
-(`Taps.point`): "hidden_states" (HF `hidden_states[-1]`) is after the final norm,
-"layer_output" (DeepSpec DSpark) before it.
+The family (`registry.family_of(config.architecture)`, kept as `self.family`) builds the layers,
+final norm and RoPE and may add an embedding step; the shell knows no family. A step view's `state`
+carries the per-sequence state of stateful layers. A tap of layer i is the residual stream after
+layer i; for the last layer its value depends on the drafter's tap point (`Taps.point`):
+"hidden_states" (HF `hidden_states[-1]`) is after the final norm, "layer_output" (DeepSpec DSpark)
+before it.
 This module knows nothing about drafting or sampling.
 """
 
@@ -21,76 +20,9 @@ from torch import nn
 from ..cache.state import StatePool
 from ..config import Taps, TargetConfig
 from ..layers import cpu_kernels as kernels
-from ..layers.attention import attend
-from ..layers.direct import DirectCall
 from ..layers.linear import StableLinear
-from ..layers.moe import feed_forward
-from ..layers.norm import RMSNorm
-from ..layers.rope import Rotary, apply_rope
 from .kv_cache import KVCache
-from .gemma4 import Gemma4Layer, PerLayerEmbeddings, TypedRotary
-from .lfm2 import ShortConvLayer
-from .qwen3_5 import HybridDecoderLayer, OffsetRMSNorm
-
-
-class TargetAttention(DirectCall):
-    """Full-attention layers read and write the step's KV; sliding-window layers (gpt-oss) keep their
-    last `sliding_window - 1` K/V rows as per-sequence state (`cache/state.py`) and attend over those and
-    the step's own rows. `sinks`: a learned per-head logit in every softmax (gpt-oss)."""
-
-    def __init__(self, cfg: TargetConfig, layer: int):
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.window = cfg.sliding_window if cfg.layer_type(layer) == "sliding_attention" else None
-        self.sinks = nn.Parameter(torch.zeros(cfg.num_heads)) if cfg.attention_sinks else None
-        self.q_proj = StableLinear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.attention_bias)
-        self.k_proj = StableLinear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
-        self.v_proj = StableLinear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.attention_bias)
-        self.o_proj = StableLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.attention_bias)
-        self.qk_norm = cfg.qk_norm
-        if cfg.qk_norm:
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.qkv_proj = None          # q, k, v in one matmul when `layers/quant.py` fuses them
-
-    def _rotated(self, x, cos, sin):
-        """q [b, h, t, d], k and v [b, hkv, t, d], q and k rotated."""
-        b, t, _ = x.shape
-        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        if self.qkv_proj is not None and not self.qk_norm:   # fused: q and k rotate in one pass (same bits)
-            heads = self.qkv_proj(x).view(b, t, h + 2 * hkv, d).transpose(1, 2)
-            qk = apply_rope(heads[:, :h + hkv], cos, sin)
-            return qk[:, :h], qk[:, h:], heads[:, h + hkv:]
-        if self.qkv_proj is None:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        else:
-            q, k, v = self.qkv_proj(x).split([h * d, hkv * d, hkv * d], dim=-1)
-        q, k, v = q.reshape(b, t, h, d), k.reshape(b, t, hkv, d), v.reshape(b, t, hkv, d)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
-
-    def forward(self, x, cos, sin, step, layer: int):
-        q, k, v = self._rotated(x, cos, sin)
-        if self.window is None:
-            k, v = step.kv(layer, k, v)
-            visible = step.visible
-        else:
-            k, v, visible = step.state.sliding_kv(layer, k, v, step.positions, self.window)
-        return self.o_proj(attend(q, k, v, visible, self.head_dim ** -0.5, self.sinks))
-
-
-class DecoderLayer(DirectCall):
-    def __init__(self, cfg: TargetConfig, layer: int):
-        super().__init__()
-        self.self_attn = TargetAttention(cfg, layer)
-        self.mlp = feed_forward(cfg, layer)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(self, x, cos, sin, step, layer):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, step, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+from .registry import family_of
 
 
 @dataclass
@@ -105,24 +37,14 @@ class TargetModel(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        if cfg.architecture.startswith("qwen3_5"):
-            self.layers = nn.ModuleList(HybridDecoderLayer(cfg, i) for i in range(cfg.num_layers))
-            self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        elif cfg.architecture == "gemma4":
-            self.layers = nn.ModuleList(Gemma4Layer(cfg, i) for i in range(cfg.num_layers))
-            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-            if cfg.per_layer_input_size:
-                self.per_layer = PerLayerEmbeddings(cfg)
-        elif cfg.architecture.startswith("lfm2"):
-            self.layers = nn.ModuleList(
-                ShortConvLayer(cfg, feed_forward(cfg, i)) if cfg.layer_type(i) == "short_conv"
-                else DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        else:
-            self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.family = family_of(cfg.architecture)
+        parts = self.family.decoder(cfg)
+        self.layers = parts.layers
+        self.norm = parts.norm
+        for name, module in parts.extras.items():
+            self.add_module(name, module)
         self.lm_head = StableLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary = TypedRotary(cfg) if cfg.architecture == "gemma4" else Rotary(cfg.rope, cfg.rotary_dim)
+        self.rotary = parts.rotary
         self.fused: kernels.LayerStack | None = None   # set by `layers/quant.py` where the CPU kernels take every layer
 
     def tie_weights(self) -> None:
@@ -192,16 +114,9 @@ class TargetModel(nn.Module):
         return TargetOutput(logits, packed, hidden)
 
     def embed(self, input_ids: torch.Tensor, step) -> torch.Tensor:
-        """The token embeddings the first layer reads [b, t, H]. Gemma 4 scales them by √H (rounded to
-        the weights' dtype, as transformers does), hands the step its per-layer inputs, and gives the
-        step a place for the K/V its shared layers reuse."""
-        x = self.embed_tokens(input_ids)
-        if self.config.architecture == "gemma4":
-            x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
-            step.shared_kv = {}
-            if self.config.per_layer_input_size:
-                step.per_layer_inputs = self.per_layer(input_ids, x)
-        return x
+        """What the first layer reads [b, t, H]: the token embeddings as the family's `embed` step
+        leaves them (it may scale them and hand the step more inputs)."""
+        return self.family.embed(self, input_ids, self.embed_tokens(input_ids), step)
 
     @torch.inference_mode()
     def logits(self, input_ids) -> torch.Tensor:

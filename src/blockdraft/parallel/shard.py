@@ -16,9 +16,10 @@ import dataclasses
 import torch
 from torch import nn
 
-from ..config import DENSE_ARCHITECTURES, DrafterConfig, TargetConfig
+from ..config import DrafterConfig, TargetConfig
 from ..errors import ConfigError
 from ..models.drafter import BlockDrafter, MarkovHead
+from ..models.registry import family_of
 from ..models.target import TargetModel
 from .layers import (ColumnParallelLinear, RowParallelLinear, ShardedVocab, TPGroup, VocabParallelEmbedding,
                      VocabParallelHead)
@@ -29,7 +30,7 @@ def check_tp(tp: int, target: TargetConfig | None, drafter: DrafterConfig | None
     any weight is sliced, so a head is never silently dropped)."""
     if not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"--tp must be an integer >= 1, got {tp!r}")
-    if tp > 1 and target is not None and target.architecture not in DENSE_ARCHITECTURES:
+    if tp > 1 and target is not None and not family_of(target.architecture).capabilities.tensor_parallel:
         raise ConfigError(f"--tp {tp}: {target.architecture} targets are not sharded by blockdraft's tensor "
                           "parallelism (it splits Llama/Qwen3 decoders); run them with --tp 1")
     names = {"num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
