@@ -1,7 +1,7 @@
 """Step cost per row count, per numerics, in one run: what the draft-width policy trades off.
 
     python benchmarks/bench_costs.py [--context 300] [--repeats 7] [--threads 1] [--models smollm2,qwen3.5,lfm2,lfm2-moe,gpt-oss,gemma4-moe]
-        [--isas amx,avx512vnni] [--json]
+        [--isas amx,avx512vnni] [--schemes int8,int4,int4-a8] [--json]
 
 Target: one SmolLM2 pass over R new rows (R = 1, 2, 4, 8, 9, 16) after a `--context`-token
 prefill, in bf16 with the row-invariant kernels (what ships), bf16 with plain SDPA/F.linear
@@ -15,7 +15,8 @@ MoE shapes the R rows read up to R x top-k distinct experts: what verifying a bl
 `--breakdown` adds, per int4 target, where a 1-row and a 9-row pass spend their time (`step_parts.py`:
 linear layers, LM head, attention, DeltaNet recurrence, convolutions, the state commit, the rest) and
 one block pass of a 1-layer DSpark drafter (block 8) in the target's numerics.
-`--isas` times the int4 and int8 series once per instruction set of the int4 kernel (the first is the
+`--schemes` picks the weight-only series (default int8,int4; int4-a8: int4 with 8-bit activations; the
+family shapes take the int4 ones). `--isas` times the int4 and int8 series once per instruction set of the int4 kernel (the first is the
 unsuffixed series; the others are suffixed `[isa]`; all give the same bits), so a tile path and the
 VNNI path are compared in one run. `--json` prints one JSON object: each series mapping row counts to
 median ms, and the instruction set the int4 kernel ran (`isa`).
@@ -135,8 +136,9 @@ def step_breakdown(targets: dict, caches: dict, hybrid: dict, args, g) -> dict:
     from blockdraft.layers.quant import quantize_drafter
 
     out = {}
-    chosen = {n: (t, caches[n]) for n, (t, _) in targets.items() if n == "int4 weight-only"}
-    chosen |= {n.split(",")[0]: hc for n, hc in hybrid.items() if " int4, all rows kept" in n and not n.endswith("]")}
+    chosen = {n: (t, caches[n]) for n, (t, _) in targets.items() if n in ("int4 weight-only", "int4-a8 weight-only")}
+    chosen |= {n.split(",")[0]: hc for n, hc in hybrid.items()
+               if (" int4, all rows kept" in n or " int4-a8, all rows kept" in n) and not n.endswith("]")}
     for name, (t, cache) in chosen.items():
         context = cache.length
         per = {}
@@ -171,6 +173,7 @@ def main() -> int:
     ap.add_argument("--name", default=None, help="results name (benchmarks/results/NAME.json, docs/NAME.png); "
                     "default by --models: costs, costs_qwen3_5 or costs_families")
     ap.add_argument("--breakdown", action="store_true", help="per-part times of 1- and 9-row int4 passes")
+    ap.add_argument("--schemes", default="int8,int4", help="weight-only series: int8, int4, int4-a8")
     ap.add_argument("--json", action="store_true", help="print one JSON object (series -> rows -> ms, isa)")
     ap.add_argument("--models", default="smollm2,qwen3.5", help="smollm2 (every numerics, drafters), and the "
                     "family-shaped random targets: qwen3.5, lfm2, lfm2-moe, gpt-oss, gemma4-moe")
@@ -211,7 +214,7 @@ def main() -> int:
         targets = {"bf16 row-invariant": (load_target(smollm2_dir(), "bfloat16"), True),
                    "bf16 plain (SDPA)": (None, False), "fp32": (load_target(smollm2_dir(), "float32"), True)}
         targets["bf16 plain (SDPA)"] = (targets["bf16 row-invariant"][0], False)
-        for scheme in ("int8", "int4"):      # weight-only, bf16 activations, row-invariant kernels
+        for scheme in args.schemes.split(","):      # weight-only, bf16 activations, row-invariant kernels
             quantized = load_target(smollm2_dir(), "bfloat16", scheme)
             for isa in isas:
                 targets[isa_series(f"{scheme} weight-only", isa)] = (quantized, True)
@@ -220,9 +223,10 @@ def main() -> int:
     for family, cfg in shaped_configs().items():
         if family not in models or family == "smollm2":       # smollm2: the real default model above
             continue
-        for numerics, h in (("bf16", shaped(cfg)), ("int4", quantize_target(shaped(cfg), "int4"))):
+        int4s = [s for s in args.schemes.split(",") if s.startswith("int4")]
+        for numerics, h in (("bf16", shaped(cfg)), *((s, quantize_target(shaped(cfg), s)) for s in int4s)):
             for kept in ("all rows kept", "half kept (rollback)"):
-                for isa in isas if numerics == "int4" else isas[:1]:
+                for isa in isas if numerics != "bf16" else isas[:1]:
                     hybrid[isa_series(f"{family}-shaped {numerics}, {kept}", isa)] = (h, h.new_cache(1, args.context + 32))
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 49152, (1, args.context), generator=g)

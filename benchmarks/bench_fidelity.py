@@ -3,7 +3,8 @@
 For each chat prompt, fp32 decodes greedily; every numerics then scores the same sequence in one
 pass, and at every generated position we compare its argmax with fp32's and measure the KL
 divergence of its next-token distribution from fp32's. The quantized targets run with blockdraft's
-own kernel and, for comparison, PyTorch's (`quantize_target(..., kernel="torch")`). Writes
+own kernel and, for comparison, PyTorch's (`quantize_target(..., kernel="torch")`); int4-a8 is the own
+kernel's int4 with 8-bit activations (an explicit numerics choice, no PyTorch counterpart). Writes
 benchmarks/results/fidelity.json.
 """
 
@@ -47,6 +48,7 @@ def main() -> int:
     for scheme in ("int8", "int4"):
         candidates[f"{scheme} (own kernel)"] = lambda s=scheme: quantized(s, None)
         candidates[f"{scheme} (PyTorch kernel)"] = lambda s=scheme: quantized(s, "torch")
+    candidates["int4-a8 (own kernel, 8-bit activations)"] = lambda: quantized("int4-a8", None)
     report = {"prompts": args.prompts, "tokens": args.tokens, "numerics": {}}
     for name, make in candidates.items():
         model = make()

@@ -30,9 +30,11 @@ def test_own_kernel_builds_where_there_is_a_compiler():
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("scheme", ["int8", "int4", "int8_g32"])
+@pytest.mark.parametrize("scheme", ["int8", "int4", "int8_g32", "int4-a8", "int8_g32-a8"])
 @pytest.mark.parametrize("shape", [(192, 576), (1536, 576), (576, 1536)])
 def test_quantized_rows_independent_of_row_count(scheme, shape, kernel):
+    if scheme.endswith("-a8") and kernel == "torch":
+        pytest.skip("8-bit activations run on the own kernel only (test_8bit_activations_need_the_own_kernel)")
     g = torch.Generator().manual_seed(0)
     layer = QuantizedLinear(torch.randn(shape, generator=g) * 0.05, None, scheme, kernel)
     x = torch.randn(72, shape[1], generator=g).bfloat16()
@@ -43,9 +45,11 @@ def test_quantized_rows_independent_of_row_count(scheme, shape, kernel):
     torch.testing.assert_close(layer(x).float(), ref, rtol=0.02, atol=0.05)
 
 
+@pytest.mark.parametrize("act_bits", [16, 8])
 @pytest.mark.parametrize("bits", [4, 8])
-def test_own_kernel_gives_the_same_bits_on_every_instruction_set_and_thread_count(bits):
-    """AVX512-VNNI, AVX2 and portable C sum the same integers and run the same float operations per row."""
+def test_own_kernel_gives_the_same_bits_on_every_instruction_set_and_thread_count(bits, act_bits):
+    """AVX512-VNNI, AVX2 and portable C sum the same integers and run the same float operations per row,
+    with the activations at 16 bits and at 8 (where the paths that know it skip the zero lo bytes)."""
     g = torch.Generator().manual_seed(3)
     n, k = 96, 320
     w = torch.randn(n, k, generator=g) * torch.logspace(-2, 0, k)[torch.randperm(k, generator=g)]
@@ -54,18 +58,18 @@ def test_own_kernel_gives_the_same_bits_on_every_instruction_set_and_thread_coun
     x[10, :32] = torch.tensor([32512.0, -32512.0] + [s * (i + 0.5) for i in range(15) for s in (1, -1)])   # scale 1:
     x[10, 32:64] = torch.tensor([0.0, 1e-30] + [-0.0] * 30)                               # ties; tiny; zeros
     isas = [i for i in kernels.ISAS if kernels.ISAS[i] <= kernels.ISAS[kernels.best_isa()]]
-    outs = {isa: kernels.matmul(x, packed, scales, bits, n, isa) for isa in isas}
+    outs = {isa: kernels.matmul(x, packed, scales, bits, n, isa, act_bits=act_bits) for isa in isas}
     for isa in isas:
         assert torch.equal(outs[isa], outs["portable"]), isa
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert torch.equal(kernels.matmul(x, packed, scales, bits, n), outs["portable"])
+        assert torch.equal(kernels.matmul(x, packed, scales, bits, n, act_bits=act_bits), outs["portable"])
     finally:
         torch.set_num_threads(threads)
-    # what the kernel computes: the stored weight against the activations rounded to 16 bits per 32
+    # what the kernel computes: the stored weight against the activations rounded to 16 (or 8) bits per 32
     groups = x.float().view(11, k // 32, 32)
-    dx = groups.abs().amax(-1, keepdim=True) / 32512
+    dx = groups.abs().amax(-1, keepdim=True) / (32512 if act_bits == 16 else 127)
     xq = (torch.round(groups / torch.where(dx > 0, dx, 1)) * dx).view(11, k)
     ref = xq.double() @ kernels.dequantize(packed, scales, bits, n, k).double().T
     torch.testing.assert_close(outs["portable"].double(), ref, rtol=1e-2, atol=1e-3 * ref.abs().max().item())
@@ -79,11 +83,13 @@ AMX_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576), (3
 
 
 @pytest.mark.skipif(not kernels.available() or kernels.best_isa() != "amx", reason="this CPU has no AMX tiles")
+@pytest.mark.parametrize("act_bits", [16, 8])
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("shape", AMX_SHAPES)
-def test_amx_tiles_give_the_vnni_bits_at_every_row_count(shape, bits):
-    """The int8 and bf16 tile layouts, and the per-pass choice between them and the VNNI path, sum the same
-    integers and run the same float epilogue: every row count 1..32 gives the VNNI path's bits."""
+def test_amx_tiles_give_the_vnni_bits_at_every_row_count(shape, bits, act_bits):
+    """The int8 and bf16 tile layouts (8-bit activations: the tile of hi bytes only), and the per-pass choice
+    between them and the VNNI path, sum the same integers and run the same float epilogue: every row count
+    1..32 gives the VNNI path's bits."""
     n, k = shape
     if bits == 8 and n * k > 8 * 2 ** 20 and n != 49152:           # the 8-bit layer that ships is the LM head
         pytest.skip("8-bit weights of this shape do not ship (the body is 4-bit)")
@@ -94,15 +100,15 @@ def test_amx_tiles_give_the_vnni_bits_at_every_row_count(shape, bits):
     x[5, :32] = torch.tensor([32512.0, -32512.0] + [s * (i + 0.5) for i in range(15) for s in (1, -1)])
     x[7, -32:] = torch.tensor([0.0, 1e-30] + [-0.0] * 30)
     x[11] = 0
-    vnni = kernels.matmul(x, packed, scales, bits, n, "avx512vnni")
+    vnni = kernels.matmul(x, packed, scales, bits, n, "avx512vnni", act_bits=act_bits)
     every = n * k <= 2 ** 21           # the large shapes at the row counts where a path or a pass changes
     for rows in range(1, 33) if every else (1, 2, 3, 8, 9, 15, 16, 17, 25, 32):
         for isa in ("amx", "amx-int8", "amx-bf16"):
-            out = kernels.matmul(x[:rows], packed, scales, bits, n, isa)
+            out = kernels.matmul(x[:rows], packed, scales, bits, n, isa, act_bits=act_bits)
             assert torch.equal(out.view(torch.int16), vnni[:rows].view(torch.int16)), (isa, rows)
     residual = torch.randn(9, n, generator=g).bfloat16()
-    assert torch.equal(kernels.matmul(x[:9], packed, scales, bits, n, "amx", residual),
-                       kernels.matmul(x[:9], packed, scales, bits, n, "avx512vnni", residual))
+    assert torch.equal(kernels.matmul(x[:9], packed, scales, bits, n, "amx", residual, act_bits),
+                       kernels.matmul(x[:9], packed, scales, bits, n, "avx512vnni", residual, act_bits))
 
 
 def test_own_kernel_keeps_the_q4_1_levels():
@@ -136,7 +142,7 @@ def test_grouped_8bit_head_is_closer_than_per_channel():
     assert max(err["qgemm"], err["torch"]) < 0.5 * err["per channel"], err
 
 
-@pytest.fixture(scope="module", params=["int8", "int4"])
+@pytest.fixture(scope="module", params=["int8", "int4", "int4-a8"])
 def quantized(request):
     target = load_target(ASSETS / "target-qwen3", "bfloat16", request.param)
     return target, {name: load_drafter(ASSETS / name, target) for name in DRAFTER_NAMES}
@@ -144,7 +150,7 @@ def quantized(request):
 
 def test_speculation_is_lossless_against_the_quantized_target(quantized):
     target, drafters = quantized
-    assert isinstance(target.lm_head, QuantizedLinear) and target.lm_head.scheme == "int8_g32" and isinstance(target.layers[0].mlp.gate_up_proj, QuantizedLinear)
+    assert isinstance(target.lm_head, QuantizedLinear) and target.lm_head.scheme.startswith("int8_g32") and isinstance(target.layers[0].mlp.gate_up_proj, QuantizedLinear)
     assert isinstance(target.layers[0].self_attn.qkv_proj, QuantizedLinear)
     for name, drafter in drafters.items():          # the drafters run in their target's numerics too
         assert isinstance(drafter.fc, QuantizedLinear) == kernels.available(), name
@@ -156,7 +162,7 @@ def test_speculation_is_lossless_against_the_quantized_target(quantized):
             assert gen.token_ids == ref, name
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("scheme", ["int8", "int4", "int4-a8"])
 def test_llm_quantized_engine_matches_its_own_plain_decoding(scheme):
     kw = dict(target=str(ASSETS / "target-qwen3"), dtype="bfloat16", quantization=scheme, max_batch=4)
     spec = LLM(drafter=str(ASSETS / "dspark"), adaptive_speculation=False, **kw)
@@ -166,6 +172,28 @@ def test_llm_quantized_engine_matches_its_own_plain_decoding(scheme):
     a = spec.generate(prompt_token_ids=PROMPTS, sampling_params=params)
     b = plain.generate(prompt_token_ids=PROMPTS, sampling_params=params)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no C compiler: int4-a8 cannot load")
+def test_8bit_activations_are_another_model_close_to_int4():
+    """int4-a8 changes only how the activations are rounded: every layer and the LM head carry 8-bit
+    activations, the weights are int4's, and the logits stay close to int4's (not equal)."""
+    a16 = load_target(ASSETS / "target-qwen3", "bfloat16", "int4")
+    a8 = load_target(ASSETS / "target-qwen3", "bfloat16", "int4-a8")
+    assert a8.quantization == "int4-a8" and a8.lm_head.scheme == "int8_g32-a8" and a8.lm_head.act_bits == 8
+    assert all(m.act_bits == 8 for m in a8.modules() if isinstance(m, QuantizedLinear))
+    assert torch.equal(a8.layers[0].mlp.down_proj.qweight, a16.layers[0].mlp.down_proj.qweight)
+    ids = torch.randint(0, a8.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(9))
+    with torch.inference_mode():
+        la8, la16 = a8.logits(ids).float(), a16.logits(ids).float()
+    assert not torch.equal(la8, la16)
+    assert F.cosine_similarity(la8.flatten(), la16.flatten(), dim=0) > 0.99
+
+
+def test_8bit_activations_need_the_own_kernel():
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(6))
+    with pytest.raises(ConfigError, match="quantization 'int4-a8': 8-bit activations run on blockdraft's own kernel"):
+        QuantizedLinear(w, None, "int4-a8", "torch")
 
 
 def test_bad_quantization_is_named():

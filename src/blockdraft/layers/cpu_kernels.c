@@ -5,7 +5,9 @@
  *   weights, per output column and group of 32 inputs:  q4: w = d*q + m, q in 0..15   (Q4_1)
  *                                                       q8: w = d*q,     q in -127..127 (Q8_0)
  *   activations, per row and group of 32:  x = dx*qx, qx in -32512..32512 (16 bits), dx = max|x|/32512,
- *                                          split qx = 256*hi + lo into two signed bytes
+ *                                          split qx = 256*hi + lo into two signed bytes;
+ *                                          or, with 8-bit activations (act_bits 8, an explicit numerics
+ *                                          choice): qx = 256*hi, hi = round(x*127/max|x|) in -127..127, lo = 0
  *   y[row, col] = sum over groups, in order, of  fma(float(sum_k q*qx), d*dx, acc)  (q4: then
  *                 fma(m, dx*sum_k qx, acc)), rounded once to bf16 at the end; sum_k q*qx is computed
  *                 as 256 * sum_k q*hi + sum_k q*lo with 8-bit integer dot products.
@@ -13,6 +15,8 @@
  * 0.00106 from fp32 on the default model (bf16: 0.00100; PyTorch's int4 kernel with bf16 scales:
  * 0.00157), where 8-bit ones, as llama.cpp and ONNX Runtime's int4 CPU path use, measured ~3x
  * PyTorch's kernel's KL (benchmarks/bench_fidelity.py).
+ * 8-bit activations are the same formula with every lo byte 0: the paths that know it skip the lo products
+ * (one tile row per activation row, half the dot products), and the sums and float operations are unchanged.
  * The inner sums are integers (exact), and every row runs the same float operations in the same
  * order whatever the row count, the thread count or the instruction set (AMX tiles, AVX512-VNNI, AVX2
  * and the portable path give the same bits): a verify over k+1 rows rounds each row exactly as a
@@ -118,9 +122,11 @@ typedef struct {
     size_t bhalf;          /* in bf16 elements */
     float *dx, *sx;
     int32_t *sumhi, *sumlo;
+    int act8;              /* 8-bit activations: every lo byte is 0 */
 } Acts;
 
 #define QMAX 32512.0f      /* 127 * 256: qx = 256 * hi + lo with hi in -127..127 and lo in -128..127 */
+#define QMAX8 127.0f       /* 8-bit activations: hi = round(x * 127 / max|x|), qx = 256 * hi */
 
 static void quantize_rows(const uint16_t *x, int rows, int K, Acts *a) {
     int G = K / GROUP;
@@ -133,13 +139,14 @@ static void quantize_rows(const uint16_t *x, int rows, int K, Acts *a) {
                 float m = fabsf(v[k]);
                 amax = m > amax ? m : amax;
             }
-            float d = amax / QMAX, id = amax > 0.0f ? QMAX / amax : 0.0f;
+            float qmax = a->act8 ? QMAX8 : QMAX;
+            float d = amax / QMAX, id = amax > 0.0f ? qmax / amax : 0.0f;
             int32_t s = 0, sh = 0, sl = 0;
             int8_t *hi = a->hi + (size_t)r * 2 * a->half + g * GROUP, *lo = a->lo + (size_t)r * 2 * a->half + g * GROUP;
             for (int k = 0; k < GROUP; k++) {
                 float t = roundf(v[k] * id);
-                t = t > QMAX ? QMAX : (t < -QMAX ? -QMAX : t);
-                int32_t q = (int32_t)t, l = ((q & 0xff) ^ 0x80) - 0x80;     /* the low byte, signed */
+                t = t > qmax ? qmax : (t < -qmax ? -qmax : t);
+                int32_t q = (int32_t)t * (a->act8 ? 256 : 1), l = ((q & 0xff) ^ 0x80) - 0x80;   /* the low byte, signed */
                 hi[k] = (int8_t)((q - l) / 256);
                 lo[k] = (int8_t)l;
                 s += q;
@@ -160,8 +167,10 @@ static void quantize_rows(const uint16_t *x, int rows, int K, Acts *a) {
 __attribute__((target("avx2,fma")))
 static void quantize_rows_avx2(const uint16_t *x, int rows, int K, Acts *a) {
     int G = K / GROUP;
+    const float qm = a->act8 ? QMAX8 : QMAX;
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), half = _mm256_set1_ps(0.5f),
-                 qmax = _mm256_set1_ps(QMAX), one = _mm256_set1_ps(1.0f);
+                 qmax = _mm256_set1_ps(qm), one = _mm256_set1_ps(1.0f);
+    const int shift = a->act8 ? 8 : 0;
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int r = 0; r < rows; r++) {
         for (int g = 0; g < G; g++) {
@@ -174,7 +183,7 @@ static void quantize_rows_avx2(const uint16_t *x, int rows, int K, Acts *a) {
             m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
             m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
             float amax = _mm_cvtss_f32(m4);
-            float d = amax / QMAX, id = amax > 0.0f ? QMAX / amax : 0.0f;
+            float d = amax / QMAX, id = amax > 0.0f ? qm / amax : 0.0f;
             __m256i q[4], hi[4], lo[4];
             for (int i = 0; i < 4; i++) {
                 __m256 t = _mm256_mul_ps(v[i], _mm256_set1_ps(id));
@@ -183,7 +192,7 @@ static void quantize_rows_avx2(const uint16_t *x, int rows, int K, Acts *a) {
                 __m256 step = _mm256_or_ps(_mm256_and_ps(t, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN))), one);
                 t = _mm256_add_ps(tr, _mm256_and_ps(up, step));
                 t = _mm256_min_ps(_mm256_max_ps(t, _mm256_sub_ps(_mm256_setzero_ps(), qmax)), qmax);
-                q[i] = _mm256_cvttps_epi32(t);
+                q[i] = _mm256_slli_epi32(_mm256_cvttps_epi32(t), shift);
                 lo[i] = _mm256_srai_epi32(_mm256_slli_epi32(q[i], 24), 24);           /* the low byte, signed */
                 hi[i] = _mm256_srai_epi32(_mm256_sub_epi32(q[i], lo[i]), 8);
             }
@@ -344,9 +353,21 @@ static void block_avx2(const uint8_t *w, const uint16_t *sc, int bits, int G, in
 }
 
 /* The VNNI path's integer group sums of one row: its hi and lo bytes (dwords xh[j], xl[j]) against the 8
- * weight vectors (wv[j]: 16 columns, inputs 4j..4j+3), two chains each; exact. */
+ * weight vectors (wv[j]: 16 columns, inputs 4j..4j+3), two chains each; exact. With 8-bit activations (A8,
+ * a constant where it is inlined) the lo sum is 0 and not computed. */
 __attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline))
-static inline void vnni_sums(const __m512i wv[8], const int32_t *xh, const int32_t *xl, __m512i *hi, __m512i *lo) {
+static inline void vnni_sums(const __m512i wv[8], const int32_t *xh, const int32_t *xl, __m512i *hi, __m512i *lo,
+                             const int A8) {
+    if (A8) {
+        __m512i ih = _mm512_setzero_si512(), jh = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j += 2) {
+            ih = _mm512_dpbusd_epi32(ih, wv[j], _mm512_set1_epi32(xh[j]));
+            jh = _mm512_dpbusd_epi32(jh, wv[j + 1], _mm512_set1_epi32(xh[j + 1]));
+        }
+        *hi = _mm512_add_epi32(ih, jh);
+        *lo = _mm512_setzero_si512();
+        return;
+    }
     __m512i ih = _mm512_setzero_si512(), il = _mm512_setzero_si512();
     __m512i jh = _mm512_setzero_si512(), jl = _mm512_setzero_si512();
     for (int j = 0; j < 8; j += 2) {
@@ -375,10 +396,11 @@ static inline __m512 group_epilogue(__m512i ih, __m512i il, __m512 dv, __m512 mv
     return bits == 4 ? _mm512_fmadd_ps(mv, _mm512_set1_ps(a->sx[at]), acc) : acc;
 }
 
-/* R rows (a constant where it is inlined) over all groups of one block, their 16 sums each in registers */
+/* R rows (a constant where it is inlined) over all groups of one block, their 16 sums each in registers;
+ * A8: the activations are 8-bit (a constant too) */
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma"), always_inline))
 static inline void tile_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0,
-                               float *acc, const int R) {
+                               float *acc, const int R, const int A8) {
     const __m512i low = _mm512_set1_epi8(15);
     size_t wstride = bits == 4 ? 256 : 512, sstride = bits == 4 ? 32 : 16;
     __m512 o[4];
@@ -403,7 +425,7 @@ static inline void tile_avx512(const uint8_t *w, const uint16_t *sc, int bits, i
             size_t row = (size_t)(r0 + r);
             __m512i ih, il;
             vnni_sums(wv, (const int32_t *)(a->hi + row * 2 * a->half + g * GROUP),
-                      (const int32_t *)(a->lo + row * 2 * a->half + g * GROUP), &ih, &il);
+                      (const int32_t *)(a->lo + row * 2 * a->half + g * GROUP), &ih, &il, A8);
             o[r] = group_epilogue(ih, il, dv, mv, bits, a, row * G + g, o[r]);
         }
     }
@@ -414,11 +436,20 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
 static void block_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0, int n,
                          float *acc) {
     int r = 0;
-    for (; r + 4 <= n; r += 4) tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 4);
+    if (a->act8) {
+        for (; r + 4 <= n; r += 4) tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 4, 1);
+        switch (n - r) {
+            case 3: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 3, 1); break;
+            case 2: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 2, 1); break;
+            case 1: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 1, 1); break;
+        }
+        return;
+    }
+    for (; r + 4 <= n; r += 4) tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 4, 0);
     switch (n - r) {
-        case 3: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 3); break;
-        case 2: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 2); break;
-        case 1: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 1); break;
+        case 3: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 3, 0); break;
+        case 2: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 2, 0); break;
+        case 1: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 1, 0); break;
     }
 }
 
@@ -438,16 +469,23 @@ typedef struct {
 
 #define AMX_ROWS 16      /* rows per pass over a block's weights */
 
-/* Configure the tiles for passes of n rows, as the int8 (tile_amx) or the bf16 (tile_amx_bf16) pass lays them
- * out; once per thread, layout and row count (released by amx_release). */
+enum { LAYOUT_INT8 = 0, LAYOUT_BF16 = 1, LAYOUT_A8 = 2 };
+
+/* Configure the tiles for passes of n rows, as the int8 (tile_amx), the bf16 (tile_amx_bf16) or the 8-bit
+ * activations' (tile_amx_a8) pass lays them out; once per thread, layout and row count (released by
+ * amx_release). */
 __attribute__((target("amx-tile")))
-static void amx_configure(int n, int bf16, int *configured) {
-    int key = n + 64 * bf16;
+static void amx_configure(int n, int layout, int *configured) {
+    int key = n + 64 * (layout + 1);
     if (*configured == key) return;
     TileConfig cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    if (bf16) {                  /* 0/1: A (256 hi / lo, n x 32 bf16), 2: B (16 pairs x 16 columns), 3: C (n x 16) */
+    if (layout == LAYOUT_A8) {   /* 0: A (n rows' hi bytes, n x 32), 2: B (8 x 64), 3: C (n x 16 int32) */
+        cfg.rows[0] = cfg.rows[3] = (uint8_t)n;
+        cfg.colsb[0] = GROUP, cfg.colsb[3] = 64;
+        cfg.rows[2] = GROUP / 4, cfg.colsb[2] = 64;
+    } else if (layout == LAYOUT_BF16) {                  /* 0/1: A (256 hi / lo, n x 32 bf16), 2: B (16 pairs x 16 columns), 3: C (n x 16) */
         cfg.rows[0] = cfg.rows[1] = cfg.rows[3] = (uint8_t)n;
         cfg.colsb[0] = cfg.colsb[1] = cfg.colsb[3] = 64;
         cfg.rows[2] = GROUP / 2, cfg.colsb[2] = 64;
@@ -540,13 +578,59 @@ static inline void tile_amx(const uint8_t *w, const uint16_t *sc, int bits, int 
                 __m512i wv[8], ih, il;
                 for (int j = 0; j < 8; j++) wv[j] = _mm512_loadu_si512((const void *)(wb + 64 * j));
                 vnni_sums(wv, (const int32_t *)(a->hi + row * 2 * a->half + g * GROUP),
-                          (const int32_t *)(a->lo + row * 2 * a->half + g * GROUP), &ih, &il);
+                          (const int32_t *)(a->lo + row * 2 * a->half + g * GROUP), &ih, &il, 0);
                 ov = group_epilogue(ih, il, dv, mv, bits, a, row * G + g, ov);
             }
         }
     }
     for (int r = 0; r < R; r++) _mm512_storeu_ps(acc + r * COLS, o[r]);
     if (V) _mm512_storeu_ps(acc + R * COLS, ov);
+}
+
+/* 8-bit activations: R rows (a constant where it is inlined, 1..AMX_ROWS) over all groups of one block, as
+ * tile_amx with every lo byte 0: tile A holds each row's hi bytes only (stride 2 half skips the lo bytes), so
+ * one product a group serves 16 rows, and the epilogue takes a lo sum of 0, as the VNNI path's A8 sums do. */
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma,amx-tile,amx-int8"), always_inline))
+static inline void tile_amx_a8(const uint8_t *w, const uint16_t *sc, int bits, int G, const Acts *a, int r0,
+                               float *acc, const int R) {
+    const __m512i low = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
+    size_t wstride = bits == 4 ? 256 : 512, sstride = bits == 4 ? 32 : 16;
+    uint8_t unpacked[AMX_RING][512] __attribute__((aligned(64)));
+    int32_t sums[AMX_RING][R][COLS] __attribute__((aligned(64)));
+    const int8_t *hl = a->hi + (size_t)r0 * 2 * a->half;
+    __m512 o[AMX_ROWS];
+    for (int r = 0; r < R; r++) o[r] = _mm512_setzero_ps();
+    for (int i = -2 * AMX_AHEAD; i < G; i++) {
+        int p = i + 2 * AMX_AHEAD, t = i + AMX_AHEAD;
+        if (p < G) {                                    /* stage 1: unpack (q4) or prefetch (q8) group p */
+            const uint8_t *wg = w + p * wstride;
+            for (size_t off = 0; off < wstride; off += 64) _mm_prefetch((const char *)(wg + PREFETCH + off), _MM_HINT_T0);
+            if (bits == 4)
+                for (int c = 0; c < 4; c++) {
+                    __m512i raw = _mm512_loadu_si512((const void *)(wg + 64 * c));
+                    uint8_t *dst = unpacked[p & (AMX_RING - 1)] + 128 * c;
+                    _mm512_store_si512((void *)dst, _mm512_and_si512(raw, low));
+                    _mm512_store_si512((void *)(dst + 64), _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
+                }
+        }
+        if (t >= 0 && t < G) {                          /* stage 2: the tile product of group t */
+            _tile_loadd(2, bits == 4 ? unpacked[t & (AMX_RING - 1)] : w + t * wstride, 64);
+            _tile_loadd(0, hl + t * GROUP, 2 * a->half);
+            _tile_zero(3);
+            _tile_dpbsud(3, 0, 2);
+            _tile_stored(3, sums[t & (AMX_RING - 1)], 64);
+        }
+        if (i >= 0) {                                   /* stage 3: the epilogue of group i */
+            int g = i;
+            const uint16_t *s = sc + g * sstride;
+            __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
+            __m512 mv = bits == 4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + COLS))) : dv;
+            for (int r = 0; r < R; r++)
+                o[r] = group_epilogue(_mm512_load_si512((const void *)sums[g & (AMX_RING - 1)][r]), zero, dv, mv, bits,
+                                      a, (size_t)(r0 + r) * G + g, o[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(acc + r * COLS, o[r]);
 }
 
 /* ---- AMX bf16 (4-bit weights): one fp32 tile of exact group sums for up to 16 rows ----
@@ -651,6 +735,7 @@ static inline void tile_amx_bf16(const uint8_t *w, const uint16_t *sc, int G, co
 
 #define TILE_AMX_CASE(R) case R: tile_amx(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, R, 0); break;
 #define TILE_AMX_BF16_CASE(R) case R: tile_amx_bf16(w, sc, G, a, r0 + r, acc + r * COLS, R); break;
+#define TILE_AMX_A8_CASE(R) case R: tile_amx_a8(w, sc, bits, G, a, r0 + r, acc + r * COLS, R); break;
 
 /* rows r0..r0+n-1 over one block, in passes of up to AMX_ROWS rows, each on the path `isa` picks for it */
 __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vnni,fma,amx-tile,amx-int8,amx-bf16")))
@@ -664,12 +749,22 @@ static void block_amx(const uint8_t *w, const uint16_t *sc, int bits, int G, int
             block_avx512(w, sc, bits, G, K, a, r0 + r, m, acc + r * COLS);
             continue;
         }
+        if (a->act8) {                                 /* every tile layout: one product a group for m rows */
+            amx_configure(m, LAYOUT_A8, configured);
+            switch (m) {
+                TILE_AMX_A8_CASE(1) TILE_AMX_A8_CASE(2) TILE_AMX_A8_CASE(3) TILE_AMX_A8_CASE(4)
+                TILE_AMX_A8_CASE(5) TILE_AMX_A8_CASE(6) TILE_AMX_A8_CASE(7) TILE_AMX_A8_CASE(8)
+                TILE_AMX_A8_CASE(9) TILE_AMX_A8_CASE(10) TILE_AMX_A8_CASE(11) TILE_AMX_A8_CASE(12)
+                TILE_AMX_A8_CASE(13) TILE_AMX_A8_CASE(14) TILE_AMX_A8_CASE(15) TILE_AMX_A8_CASE(16)
+            }
+            continue;
+        }
         if (isa == ISA_AMX && m == AMX_HYBRID_ROWS) {  /* 8 rows on one tile, the 9th on the vector units */
-            amx_configure(8, 0, configured);
+            amx_configure(8, LAYOUT_INT8, configured);
             tile_amx(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 8, 1);
             continue;
         }
-        amx_configure(m, bf16, configured);
+        amx_configure(m, bf16 ? LAYOUT_BF16 : LAYOUT_INT8, configured);
         if (bf16)
             switch (m) {
                 TILE_AMX_BF16_CASE(1) TILE_AMX_BF16_CASE(2) TILE_AMX_BF16_CASE(3) TILE_AMX_BF16_CASE(4)
@@ -690,9 +785,10 @@ static void block_amx(const uint8_t *w, const uint16_t *sc, int bits, int G, int
 
 /* out [rows, N] (bf16) = x [rows, K] (bf16) times the packed weight, plus residual [rows, N] where it is
  * not NULL (added to the bf16 product and rounded again, as a bf16 `residual + product` does);
- * N % 16 == 0, K % 32 == 0. Returns 0, or -1 if scratch memory could not be had. */
+ * N % 16 == 0, K % 32 == 0; act_bits: 16, or 8 for 8-bit activations. Returns 0, or -1 if scratch memory
+ * could not be had. */
 int bd_qgemm(const uint16_t *x, int rows, int K, const uint8_t *w, const uint16_t *scales, int N, int bits,
-             uint16_t *out, const uint16_t *residual, int isa, int threads) {
+             int act_bits, uint16_t *out, const uint16_t *residual, int isa, int threads) {
     int G = K / GROUP, blocks = N / COLS;
     Acts a;
     a.half = (size_t)K + 64;     /* not a power of two: a tile's rows do not all fall in one cache set */
@@ -706,13 +802,14 @@ int bd_qgemm(const uint16_t *x, int rows, int K, const uint8_t *w, const uint16_
         free(a.hi); free(a.dx); free(a.sx); free(a.sumhi); free(a.sumlo);
         return -1;
     }
+    a.act8 = act_bits == 8;
     int tiles = isa >= ISA_AMX;
     if (tiles && !amx_granted()) isa = ISA_AVX512VNNI, tiles = 0;      /* the same bits without tiles */
     if (isa == ISA_PORTABLE) quantize_rows(x, rows, K, &a);
     else quantize_rows_avx2(x, rows, K, &a);
     a.ab = NULL;
 #ifdef BD_AMX
-    if (tiles && bits == 4 && (isa == ISA_AMX_BF16 || rows >= AMX_BF16_ROWS)) {
+    if (tiles && bits == 4 && !a.act8 && (isa == ISA_AMX_BF16 || rows >= AMX_BF16_ROWS)) {
         a.bhalf = (size_t)K + 32;
         a.ab = malloc(sizeof(uint16_t) * (size_t)rows * 2 * a.bhalf);
         if (a.ab) acts_bf16(&a, rows, K);             /* without them, the int8 tiles: the same bits */
@@ -1148,12 +1245,12 @@ static void rotate_avx2(const uint16_t *x, const uint16_t *c, const uint16_t *sn
  * cos, sin [b, t, d] (sin's first half negated, as Rotary.cos_sin gives it). normed [b*t, H] and
  * proj [b*t, (h + 2 hkv) d] are scratch. */
 static int attn_in(const uint16_t *x, int b, int t, int H, const uint16_t *norm_w, float eps, const uint8_t *w,
-                   const uint16_t *scales, int bits, int h, int hkv, int d, const uint16_t *qn_w,
+                   const uint16_t *scales, int bits, int act_bits, int h, int hkv, int d, const uint16_t *qn_w,
                    const uint16_t *kn_w, const uint16_t *cos, const uint16_t *sin, uint16_t *q, KvWrite kw,
                    uint16_t *normed, uint16_t *proj, int isa, int threads) {
     int rows = b * t, heads = h + 2 * hkv, N = heads * d;
     bd_rmsnorm(x, rows, H, norm_w, eps, normed, isa);
-    int rc = bd_qgemm(normed, rows, H, w, scales, N, bits, proj, NULL, isa, threads);
+    int rc = bd_qgemm(normed, rows, H, w, scales, N, bits, act_bits, proj, NULL, isa, threads);
     for (int r = 0; r < rows && rc == 0; r++) {
         int bi = r / t, ti = r % t;
         const uint16_t *c = cos + (size_t)r * d, *sn = sin + (size_t)r * d;
@@ -1193,7 +1290,8 @@ typedef struct {
  * KvRead spell them, with slot_stride and head_stride), visible where vis (strides (batch, query row,
  * key)) says. cos, sin [b, t, d]; scale the attention's. Returns 0, or < 0 as the kernels above. */
 int bd_layers(const uint16_t *x_in, uint16_t *x, const int *taps, uint16_t *const *tap_out, int n_taps, int b,
-              int t, const LayerPtrs *layers, int n, int H, int h, int hkv, int d, int I, int bits, float eps,
+              int t, const LayerPtrs *layers, int n, int H, int h, int hkv, int d, int I, int bits, int act_bits,
+              float eps,
               float scale, const uint16_t *cos, const uint16_t *sin, uint16_t *const *k_pools,
               uint16_t *const *v_pools, const int64_t *write_slots,
               const int64_t *read_slots, int tk, int64_t slot_stride, int64_t head_stride, const uint8_t *vis,
@@ -1211,17 +1309,17 @@ int bd_layers(const uint16_t *x_in, uint16_t *x, const int *taps, uint16_t *cons
         const LayerPtrs *L = layers + l;
         KvWrite kw = {k_pools[l], v_pools[l], write_slots, slot_stride, head_stride};
         KvRead kr = {k_pools[l], v_pools[l], strides, strides, read_slots};
-        rc = attn_in(x, b, t, H, L->norm1, eps, L->qkv, L->qkv_s, bits, h, hkv, d, L->q_norm, L->k_norm, cos, sin, q,
+        rc = attn_in(x, b, t, H, L->norm1, eps, L->qkv, L->qkv_s, bits, act_bits, h, hkv, d, L->q_norm, L->k_norm, cos, sin, q,
                      kw, normed, proj, isa, threads);
         if (rc == 0) rc = attend(q, b, h, t, d, kr, hkv, tk, vis, vis_strides, scale, heads, isa, threads);
-        if (rc == 0) rc = bd_qgemm(heads, (int)rows, (int)hd, L->o, L->o_s, H, bits, x1, x, isa, threads);
+        if (rc == 0) rc = bd_qgemm(heads, (int)rows, (int)hd, L->o, L->o_s, H, bits, act_bits, x1, x, isa, threads);
         if (rc == 0) {
             bd_rmsnorm(x1, (int)rows, H, L->norm2, eps, normed, isa);
-            rc = bd_qgemm(normed, (int)rows, H, L->gate_up, L->gate_up_s, 2 * I, bits, gu, NULL, isa, threads);
+            rc = bd_qgemm(normed, (int)rows, H, L->gate_up, L->gate_up_s, 2 * I, bits, act_bits, gu, NULL, isa, threads);
         }
         if (rc == 0) {
             bd_swiglu(gu, 2 * I, gu + I, 2 * I, (int)rows, I, act, isa);
-            rc = bd_qgemm(act, (int)rows, I, L->down, L->down_s, H, bits, x, x1, isa, threads);
+            rc = bd_qgemm(act, (int)rows, I, L->down, L->down_s, H, bits, act_bits, x, x1, isa, threads);
         }
         for (int i = 0; i < n_taps; i++)
             if (taps[i] == l) memcpy(tap_out[i], x, 2 * rows * H);

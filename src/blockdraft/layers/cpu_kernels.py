@@ -86,14 +86,16 @@ def library() -> ctypes.CDLL | None:
     lib.bd_best_isa.restype = ctypes.c_int
     lib.bd_qgemm.restype = ctypes.c_int
     lib.bd_qgemm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                             ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+                             ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                             ctypes.c_int]
     lib.bd_attend.restype = ctypes.c_int
     lib.bd_attend.argtypes = [ctypes.c_void_p, *[ctypes.c_int] * 4, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,
                               ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     lib.bd_layers.restype = ctypes.c_int
-    lib.bd_layers.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, ptr, i32, i32, i32, i32, i32, i32, i32, f32, f32, ptr,
+    lib.bd_layers.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, ptr, i32, i32, i32, i32, i32, i32, i32, i32, f32, f32,
+                              ptr,
                               ptr, ptr, ptr, ptr, ptr, i32, i64, i64, ptr, ptr, i32, i32]
     lib.bd_swiglu.restype = None
     lib.bd_swiglu.argtypes = [ptr, i64, ptr, i64, i32, i32, ptr, i32]
@@ -169,13 +171,17 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, bits: int, n: int, k:
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bits: int, n: int,
-           isa: str | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """x [rows, K] bf16 (contiguous) -> [rows, N] bf16, plus `residual` [rows, N] (contiguous) if given."""
+           isa: str | None = None, residual: torch.Tensor | None = None, act_bits: int = 16) -> torch.Tensor:
+    """x [rows, K] bf16 (contiguous) -> [rows, N] bf16, plus `residual` [rows, N] (contiguous) if given;
+    `act_bits` 16 (the activations carried at 16 bits per group of 32) or 8 (at 8 bits)."""
+    if act_bits not in (8, 16):
+        raise ValueError(f"act_bits={act_bits}: the kernel carries activations at 16 or 8 bits")
     lib = library()
     rows, k = x.shape
     out = torch.empty(rows, n, dtype=torch.bfloat16)
     if rows:
-        rc = lib.bd_qgemm(x.data_ptr(), rows, k, packed.data_ptr(), scales.data_ptr(), n, bits, out.data_ptr(),
+        rc = lib.bd_qgemm(x.data_ptr(), rows, k, packed.data_ptr(), scales.data_ptr(), n, bits, act_bits,
+                          out.data_ptr(),
                           None if residual is None else residual.data_ptr(), _isa_code(isa),
                           torch.get_num_threads())
         if rc != 0:
@@ -248,6 +254,7 @@ class LayerWeights:
     down: tuple[torch.Tensor, torch.Tensor]         # [H, I]
     qk_norms: tuple[torch.Tensor, torch.Tensor] | None   # Qwen3's per-head q and k norm weights [d]
     bits: int
+    act_bits: int                         # 16, or 8 (8-bit activations)
     heads: int
     kv_heads: int
     head_dim: int
@@ -287,7 +294,7 @@ class LayerStack:
         rc = library().bd_layers(
             x.data_ptr(), out.data_ptr(), (ctypes.c_int * len(taps))(*taps),
             (ctypes.c_void_p * len(taps))(*(y.data_ptr() for y in tapped)), len(taps), b, t, self.table, n, H,
-            w.heads, w.kv_heads, d, w.intermediate, w.bits, w.eps, d ** -0.5, cos.data_ptr(), sin.data_ptr(),
+            w.heads, w.kv_heads, d, w.intermediate, w.bits, w.act_bits, w.eps, d ** -0.5, cos.data_ptr(), sin.data_ptr(),
             (ctypes.c_void_p * n)(*(kv.k[i].data_ptr() for i in range(n))),
             (ctypes.c_void_p * n)(*(kv.v[i].data_ptr() for i in range(n))), kv.write_slots.data_ptr(),
             kv.read_slots.data_ptr(), tk, kv.slot_stride, kv.head_stride, mask, mask_strides, _isa_code(isa),

@@ -17,6 +17,13 @@ the default model ships in as a GGUF — so re-quantizing its dequantized weight
 levels. The LM head keeps 8 bits in groups of 32 (`int8_g32`: the GGUF's Q8_0 layout, w = d·q,
 q in -127..127), the precision 4-bit GGUFs keep it at; `int8` is that format for every layer.
 
+`int4-a8` is int4 with the activations carried at 8 bits per group of 32 instead of 16 (every layer, the
+LM head included), as llama.cpp's Q4_1 x Q8_1 and ONNX Runtime's int4 CPU path compute: one integer dot
+product per weight and row instead of two, so extra rows cost about half as much (one AMX tile product
+serves 16 rows), at a measured loss of fidelity (`benchmarks/bench_fidelity.py`; docs/numerics.md). It is
+an explicit choice, never a default; speculation is as lossless against it as against int4. It needs
+blockdraft's own kernel (no PyTorch fallback computes it).
+
 Where the kernel cannot be built (no C compiler) or a weight's shape does not fit it (output
 width not a multiple of 16, input width not a multiple of 32), the layer falls back to PyTorch's
 weight-only kernels (`torch._weight_int4pack_mm_for_cpu`, `torch._weight_int8pack_mm`: int8 per
@@ -35,8 +42,21 @@ from . import cpu_kernels as kernels
 from .direct import DirectCall
 from .moe import Experts
 
-SCHEMES = ("none", "int8", "int4")          # what a user picks; int8_g32 is the LM head of both
+SCHEMES = ("none", "int8", "int4", "int4-a8")   # what a user picks; int8_g32 is the LM head of each
 INT4_GROUP = 32
+A8 = "-a8"                                  # scheme suffix: 8-bit activations
+
+
+def act_bits_of(scheme: str) -> tuple[str, int]:
+    """A layer scheme -> (its weight format, the bits its activations are carried at): "int4-a8" -> ("int4", 8)."""
+    return (scheme.removesuffix(A8), 8) if scheme.endswith(A8) else (scheme, 16)
+
+
+def head_scheme(scheme: str, in_features: int) -> str:
+    """The LM head's scheme under a model's `scheme`: 8 bits in groups of 32 where the width allows, per
+    channel otherwise, with the model's activation bits."""
+    head = "int8_g32" if in_features % INT4_GROUP == 0 else "int8"
+    return head + A8 if act_bits_of(scheme)[1] == 8 else head
 
 
 def check_scheme(scheme: str | None, dtype: torch.dtype, device: str | torch.device = "cpu") -> str:
@@ -61,15 +81,20 @@ class QuantizedLinear(DirectCall):
         super().__init__()
         out_features, in_features = weight.shape
         self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
-        if scheme not in ("int8", "int4", "int8_g32"):
-            raise ConfigError(f"QuantizedLinear scheme {scheme!r} (choose int8, int4 or int8_g32)")
-        self.bits = 4 if scheme == "int4" else 8
+        fmt, self.act_bits = act_bits_of(scheme)
+        if fmt not in ("int8", "int4", "int8_g32"):
+            raise ConfigError(f"QuantizedLinear scheme {scheme!r} (choose int8, int4 or int8_g32, each optionally {A8})")
+        self.bits = 4 if fmt == "int4" else 8
         packed = None
         if kernel != "torch" and kernels.available() and kernels.supports(out_features, in_features):
             try:
                 packed, scales = kernels.pack(weight, self.bits)
             except ValueError:              # scales beyond fp16: PyTorch's kernels keep bf16 ones
                 packed = None
+        if packed is None and self.act_bits == 8:
+            raise ConfigError(f"quantization {scheme!r}: 8-bit activations run on blockdraft's own kernel only, which "
+                              f"cannot take this {out_features} x {in_features} weight (built: {kernels.available()}; "
+                              "needs out % 16 == 0, in % 32 == 0, fp16 scales); use int4")
         if packed is None and kernel == "qgemm":
             raise ConfigError(f"the qgemm kernel cannot take this {out_features} x {in_features} weight "
                               f"(built: {kernels.available()}; needs out % 16 == 0, in % 32 == 0, fp16 scales)")
@@ -120,7 +145,8 @@ class QuantizedLinear(DirectCall):
 
     def _mm(self, flat: torch.Tensor) -> torch.Tensor:
         if self.kernel == "qgemm":
-            return kernels.matmul(flat, self.qweight, self.scales, self.bits, self.out_features)
+            return kernels.matmul(flat, self.qweight, self.scales, self.bits, self.out_features,
+                                  act_bits=self.act_bits)
         if self.scheme == "int8":
             return torch._weight_int8pack_mm(flat, self.qweight, self.scales)
         out = torch._weight_int4pack_mm_for_cpu(flat, self.qweight, INT4_GROUP, self.scales)
@@ -180,8 +206,8 @@ def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) ->
     model.fused = kernels.LayerStack(fused) if None not in fused else None
     # the LM head stays at 8 bits, in groups of 32: the precision 4-bit GGUFs keep it at (the default
     # model's tied embedding / head is Q8_0)
-    head = "int8_g32" if model.lm_head.weight.shape[1] % INT4_GROUP == 0 else "int8"
-    model.lm_head = QuantizedLinear(model.lm_head.weight, None, head, kernel)
+    model.lm_head = QuantizedLinear(model.lm_head.weight, None, head_scheme(scheme, model.lm_head.weight.shape[1]),
+                                    kernel)
     model.quantization = scheme
     model.quantization_kernel = kernels_in(model)
     return model
@@ -220,8 +246,8 @@ def _quantize_hybrid(model: nn.Module, scheme: str, kernel: str | None) -> nn.Mo
                 elif (isinstance(child, Experts) and kernels.supports(*child.gate_up_proj.shape[1:])
                       and kernels.supports(*child.down_proj.shape[1:])):
                     setattr(parent, name, QuantizedExperts(child, scheme, kernel))
-    head = "int8_g32" if model.lm_head.weight.shape[1] % INT4_GROUP == 0 else "int8"
-    model.lm_head = QuantizedLinear(model.lm_head.weight, None, head, kernel)
+    model.lm_head = QuantizedLinear(model.lm_head.weight, None, head_scheme(scheme, model.lm_head.weight.shape[1]),
+                                    kernel)
     model.fused = None
     model.quantization = scheme
     model.quantization_kernel = kernels_in(model)
@@ -240,7 +266,7 @@ def _fused_layer(layer: nn.Module) -> kernels.LayerWeights | None:
         layer.input_layernorm.weight, layer.post_attention_layernorm.weight, layer.input_layernorm.eps,
         *((m.qweight, m.scales) for m in projections),
         (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else None,
-        attn.qkv_proj.bits, attn.num_heads, attn.num_kv_heads, attn.head_dim, mlp.down_proj.in_features)
+        attn.qkv_proj.bits, attn.qkv_proj.act_bits, attn.num_heads, attn.num_kv_heads, attn.head_dim, mlp.down_proj.in_features)
 
 
 def kernels_in(model: nn.Module) -> str:
@@ -273,6 +299,6 @@ def quantize_drafter(drafter: nn.Module, scheme: str) -> nn.Module:
             mlp.gate_up_proj = _fused(mlp, ("gate_proj", "up_proj"), scheme, "qgemm")
         convert(mlp, "down_proj")
     if drafter.config.own_lm_head:
-        convert(drafter, "lm_head", "int8_g32")
+        convert(drafter, "lm_head", head_scheme(scheme, INT4_GROUP))
     drafter.quantization = scheme
     return drafter
