@@ -90,7 +90,7 @@ def shaped_configs() -> dict:
             global_head_dim=256, global_kv_heads=2, attention_k_eq_v=True, hidden_act="gelu_tanh",
             global_rope=RopeConfig(theta=1e6, rope_type="proportional", partial_rotary_factor=0.25),
             final_logit_softcapping=30.0,
-            moe=MoeConfig(num_experts=128, top_k=8, expert_intermediate_size=256, router="gemma4",
+            moe=MoeConfig(num_experts=128, top_k=8, expert_intermediate_size=256, router="normed_softmax",
                           activation="gelu_tanh")),
     }
 

@@ -66,7 +66,7 @@ def chained_target(cfg, numerics: str, perm: torch.Tensor):
         head[perm] = unit                      # row perm[t] points along t: score ~ sqrt(hidden) for it
         model.lm_head.weight.copy_(head)
         model.norm.weight.fill_(0.0 if isinstance(model.norm, OffsetRMSNorm) else 1.0)   # gain 1
-    return quantize_target(model, "int4") if numerics == "int4" else model
+    return model if numerics in ("bf16", "none") else quantize_target(model, numerics)
 
 
 def chained_drafter(target, perm: torch.Tensor, rate: float):
