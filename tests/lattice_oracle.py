@@ -19,7 +19,8 @@ from blockdraft.sampling.params import SamplingParams
 from blockdraft.sampling.probs import pick
 from blockdraft.sampling.stops import StopCriteria
 from blockdraft.export.runtime import OnnxModels
-from blockdraft.spec_decode.lattice import Lattice, block_lattice, walk
+from blockdraft.spec_decode.lattice import Lattice, walk
+from blockdraft.spec_decode.propose import block_lattice
 
 
 class LatticeBackend(Protocol):

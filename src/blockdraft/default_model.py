@@ -13,6 +13,10 @@ from pathlib import Path
 from .errors import ConfigError
 
 NAME = "smollm2"
+SHIPPED_DRAFTERS = Path(__file__).parent / "assets" / "smollm2"     # trained here for the default target
+DEFAULT_DRAFTER = "dspark"                     # the shipped drafter the default command and surfaces run
+# the drafters shipped for the default target, by name (assets/smollm2/<name>/)
+DEFAULT_DRAFTERS = {p.name: p for p in sorted(SHIPPED_DRAFTERS.iterdir()) if (p / "config.json").is_file()}
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

@@ -18,7 +18,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .default_model import NAME
+from .default_model import DEFAULT_DRAFTER, DEFAULT_DRAFTERS, NAME
+from .drafters import registry as drafter_kinds
 from .engine.engine import EngineConfig, LLMEngine, RequestOutput, default_cache_budget
 from .errors import ConfigError, RequestError
 from .loading import load_drafter, load_target
@@ -30,8 +31,6 @@ log = logging.getLogger(__name__)
 
 BUDGET_ROW_TOKENS = 4096       # tokens per batch row the default cache budget holds under a longer model limit
 TINY_ASSETS = Path(__file__).parent / "assets" / "tiny"            # test fixtures (random tiny Qwen3 + drafters)
-SHIPPED_DRAFTERS = Path(__file__).parent / "assets" / "smollm2"     # trained here for the default target
-DEFAULT_DRAFTERS = {"dflash": SHIPPED_DRAFTERS / "dflash", "dspark": SHIPPED_DRAFTERS / "dspark"}
 
 
 def is_default_target(target: str | Path | None) -> bool:
@@ -56,8 +55,9 @@ def resolve_drafter_dir(target: str | Path | None, drafter: str | Path | None) -
             raise ConfigError(f"--drafter {drafter} names a drafter shipped for the default target ({NAME}); "
                               f"with --target {target} pass a drafter directory")
         return DEFAULT_DRAFTERS[str(drafter)]
-    if str(drafter) == "dflash2":
-        raise ConfigError("no DFlash2 drafter is shipped for the default target; pass a drafter directory")
+    if str(drafter) in drafter_kinds.NAMES:
+        raise ConfigError(f"no {drafter_kinds.drafter_kind(str(drafter)).title} drafter is shipped for the default "
+                          "target; pass a drafter directory")
     return Path(drafter)
 
 
@@ -100,7 +100,7 @@ class LLM:
         `remember_width_costs`: the width policy's measurements persist in the cache directory, per
         models, numerics, device, threads and CPU (`width_policy_file`); `generate` and `serve` set it."""
         if drafter == "default":
-            drafter = "dspark" if is_default_target(target) else None
+            drafter = DEFAULT_DRAFTER if is_default_target(target) else None
         if max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
         if not 0.0 <= confidence_threshold < 1.0:

@@ -15,7 +15,7 @@ from decode_oracle import generate_one
 from blockdraft.errors import BlockdraftError, ConfigError
 from blockdraft.export.onnx_export import export_onnx
 from lattice_oracle import OnnxBackend, TorchLatticeBackend, lattice_generate
-from blockdraft.spec_decode.lattice import greedy_chain
+from blockdraft.drafters.dspark import greedy_chain
 from blockdraft.loading import load_drafter, load_target
 from blockdraft.sampling.params import SamplingParams
 from blockdraft.sampling.stops import StopCriteria

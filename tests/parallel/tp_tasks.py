@@ -4,12 +4,9 @@ import os
 
 import torch
 
-from blockdraft.models.drafter import MarkovHead
+from blockdraft.drafters.dspark import MarkovHead, ShardedMarkovHead, dspark_lattice, markov_chain
 from blockdraft.parallel.layers import TPGroup, shard_topk
-from blockdraft.parallel.shard import ShardedMarkovHead
 from blockdraft.sampling.params import SamplingParams
-from blockdraft.spec_decode.lattice import dspark_lattice
-from blockdraft.spec_decode.propose import markov_chain
 
 
 def markov_case(vocab: int = 16, rank: int = 4, seed: int = 0):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from blockdraft.sampling.params import SamplingParams
-from blockdraft.spec_decode.lattice import dspark_lattice, walk
-from blockdraft.spec_decode.propose import markov_chain
+from blockdraft.drafters.dspark import dspark_lattice, markov_chain
+from blockdraft.spec_decode.lattice import walk
 from conftest import random_prompts
 
 

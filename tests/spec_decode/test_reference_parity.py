@@ -17,7 +17,7 @@ from decode_oracle import generate_one, propose
 from blockdraft.loading import load_drafter
 from blockdraft.sampling.params import SamplingParams
 from blockdraft.sampling.stops import StopCriteria
-from blockdraft.spec_decode.propose import markov_chain
+from blockdraft.drafters.dspark import markov_chain
 from blockdraft.cli import main
 from conftest import ASSETS, load_golden
 

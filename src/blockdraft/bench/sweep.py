@@ -26,6 +26,7 @@ import torch
 
 from ..cache.plan import PAGE_SIZE
 from ..engine.engine import default_cache_budget, sized_engine
+from ..default_model import DEFAULT_DRAFTER
 from ..errors import ConfigError
 from ..sampling.params import SamplingParams
 from .prompt_sets import humaneval_path
@@ -195,7 +196,7 @@ def plot_sweep(report: dict, path, title: str = "") -> None:
     plt.close(fig)
 
 
-def sweep(target=None, drafter="dspark", cfg: SweepConfig | None = None, out=None, progress: bool = True,
+def sweep(target=None, drafter=DEFAULT_DRAFTER, cfg: SweepConfig | None = None, out=None, progress: bool = True,
           **llm_kwargs) -> dict:
     """Load `target` and `drafter` as `generate` does (`llm_kwargs`: dtype, quantization, device, mode),
     run the sweep, and write OUT/sweep.json and OUT/sweep.png when `out` is given."""

@@ -15,13 +15,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ..config import DrafterConfig, default_tap_point
+from ..config import DrafterConfig
+from ..drafters import registry as kinds
 from ..errors import ConfigError
 from .rope_layout import reorder_rotated
 from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
-
-SUFFIXLESS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
 
 
 def new_drafter(target: TargetModel, kind: str, num_layers: int, block_size: int,
@@ -30,8 +29,8 @@ def new_drafter(target: TargetModel, kind: str, num_layers: int, block_size: int
     """`draft_vocab` (sorted target ids) prunes the drafter's vocabulary: it gets its own LM head,
     initialised from the target's rows for those ids, and the d2t/t2d maps."""
     t = target.config
-    dspark = kind == "dspark"
-    extra.setdefault("tap_point", default_tap_point(kind))
+    spec = kinds.drafter_kind(kind)
+    extra.setdefault("tap_point", spec.tap_point)
     if draft_vocab is not None:
         draft_vocab = torch.as_tensor(draft_vocab, dtype=torch.long)
         if not bool((draft_vocab[1:] > draft_vocab[:-1]).all()):
@@ -40,9 +39,9 @@ def new_drafter(target: TargetModel, kind: str, num_layers: int, block_size: int
     cfg = DrafterConfig(kind=kind, vocab_size=t.vocab_size, hidden_size=t.hidden_size,
                         intermediate_size=t.intermediate_size, num_layers=num_layers, num_heads=t.num_heads,
                         num_kv_heads=t.num_kv_heads, head_dim=t.head_dim, target_layer_ids=tuple(target_layer_ids),
-                        mask_token_id=mask_token_id, block_size=block_size, shift_label=dspark,
+                        mask_token_id=mask_token_id, block_size=block_size, shift_label=spec.shift_label,
                         rms_norm_eps=t.rms_norm_eps, rope=t.rope, layer_types=("full_attention",) * num_layers,
-                        markov_rank=markov_rank if dspark else 0, enable_confidence_head=dspark, **extra)
+                        **spec.fresh(markov_rank), **extra)
     drafter = BlockDrafter(cfg, target).to(target.dtype)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -79,18 +78,7 @@ def published_config(cfg: DrafterConfig, target: TargetModel) -> dict:
         out.update(sliding_window=cfg.sliding_window, use_sliding_window=cfg.use_sliding_window)
     if cfg.rope_interleaved:
         out["rope_is_neox_style"] = False
-    if cfg.kind == "dspark":  # DeepSeek DeepSpec: top-level keys
-        out.update(architectures=["Qwen3DSparkModel"], target_layer_ids=list(cfg.target_layer_ids),
-                   mask_token_id=cfg.mask_token_id, markov_rank=cfg.markov_rank,
-                   enable_confidence_head=cfg.enable_confidence_head,
-                   confidence_head_with_markov=cfg.confidence_head_with_markov)
-        return out
-    nested = {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)}
-    if cfg.kind == "dflash2":
-        nested.update(conv_kernel_size=cfg.conv_kernel_size, conv_group_size=cfg.conv_group_size,
-                      selector_top_k=cfg.selector_top_k, selector_rank=cfg.selector_rank)
-    out.update(architectures=["DFlash2DraftModel" if cfg.kind == "dflash2" else "DFlashDraftModel"],
-               dflash_config=nested)
+    out.update(kinds.drafter_kind(cfg.kind).publish(cfg))    # the kind's keys and architectures
     return out
 
 
@@ -104,8 +92,9 @@ def save_drafter(drafter: BlockDrafter, target: TargetModel, out_dir: str | Path
     state = drafter.state_dict()
     if drafter.config.rope_interleaved:                  # back to the layout the drafter was trained in
         state = reorder_rotated(state, drafter.config.head_dim, inverse=True)
+    suffixless = kinds.suffixless()
     for name, t in state.items():
-        key = name[: -len(".weight")] if name[: -len(".weight")] in SUFFIXLESS else name
+        key = name[: -len(".weight")] if name[: -len(".weight")] in suffixless else name
         tensors[key] = (t.detach().to(torch.bfloat16) if t.is_floating_point() else t.detach()).contiguous()
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(published_config(drafter.config, target), indent=2) + "\n")
@@ -124,8 +113,8 @@ def prune_vocabulary(drafter: BlockDrafter, target: TargetModel, draft_vocab: to
     state = {k: v for k, v in drafter.state_dict().items()}
     head = drafter.lm_head if cfg.own_lm_head else drafter.shared.lm_head
     state["lm_head.weight"] = head.weight.detach()[draft_vocab]
-    if cfg.kind == "dspark":
-        state["markov_head.markov_w2.weight"] = state["markov_head.markov_w2.weight"][draft_vocab]
+    for name in kinds.drafter_kind(cfg.kind).vocab_rows:        # the kind's heads that score the vocabulary
+        state[name] = state[name][draft_vocab]
     state["d2t"] = draft_vocab - torch.arange(len(draft_vocab))
     state["t2d"] = torch.zeros(cfg.vocab_size, dtype=torch.bool)
     state["t2d"][draft_vocab] = True

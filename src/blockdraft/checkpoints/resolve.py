@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..config import DRAFTER_KINDS, DrafterConfig, TargetConfig, default_tap_point
+from ..config import DrafterConfig, TargetConfig
+from ..drafters import registry as kinds
 from ..errors import ConfigError
 from ..models.registry import drafter_dims as family_drafter_dims
 from ..models.registry import target_family
@@ -54,18 +55,6 @@ DRAFTER_SPELLINGS: dict[str, list[str]] = {
 for _name, _places in DRAFTER_SPELLINGS.items():
     _places.append(f"runtime.{_name}")
 
-ARCHITECTURE_KINDS = {
-    "DFlashDraftModel": "dflash",
-    "DFlash2DraftModel": "dflash2",
-    "Qwen3DSparkModel": "dspark",
-    "DSparkDraftModel": "dspark",
-    "Lfm2DSparkDraftModel": "dspark",  # LiquidAI
-    "DFlashSpeculator": "dflash",     # vLLM speculators
-    "DSparkSpeculator": "dspark",
-}
-
-# speculators keeps the decoder shape under `transformer_layer_config` and names the algorithm here
-SPECULATORS_KINDS = {"dflash": "dflash", "dflash2": "dflash2", "dspark": "dspark"}
 TRAINING_ONLY_TENSORS = ("verifier_lm_head.weight", "verifier_norm.weight")
 
 # Keys that change what a drafter proposes and that blockdraft does not implement.
@@ -74,18 +63,6 @@ REFUSED_KEYS = {
     "n_mtp_layers": "DeepSeek-V4 MTP stacks",
     "attn_logit_softcapping": "attention logit soft-capping",
 }
-
-MARKOV_TENSORS = {  # canonical name -> accepted spellings
-    "markov_head.markov_w1.weight": ("markov_head.markov_w1.weight", "markov_w1.weight"),
-    "markov_head.markov_w2.weight": ("markov_head.markov_w2.weight", "markov_w2.weight"),
-    "confidence_head.proj.weight": ("confidence_head.proj.weight", "confidence_proj.weight"),
-    "confidence_head.proj.bias": ("confidence_head.proj.bias", "confidence_proj.bias"),
-    "candidate_selector.predecessor_codebook.weight": ("candidate_selector.predecessor_codebook",
-                                                       "candidate_selector.predecessor_codebook.weight"),
-    "candidate_selector.successor_codebook.weight": ("candidate_selector.successor_codebook",
-                                                     "candidate_selector.successor_codebook.weight"),
-}
-
 
 def _lookup(cfg: dict, dotted: str) -> Any:
     node: Any = cfg
@@ -125,13 +102,15 @@ def resolve_target(cfg: dict) -> TargetConfig:
 
 
 def runtime_json_section(runtime: dict) -> dict:
-    """ORT-GenAI style `{"model": {"dflash2" | "dspark": {...}}}` → drafter keys (+ `kind`)."""
+    """ORT-GenAI style `{"model": {<kind>: {...}}}` (a kind it exports) → drafter keys (+ `kind`)."""
     model = runtime.get("model", {})
-    present = [k for k in ("dflash2", "dspark") if k in model]
-    if len(present) == 2:
-        raise ConfigError("runtime JSON has both model.dflash2 and model.dspark; they are aliases, keep one")
+    sections = kinds.names(lambda kind: kind.onnx is not None)
+    present = [k for k in sections if k in model]
+    spelled = " and ".join(f"model.{k}" for k in sorted(present or sections))
+    if len(present) > 1:
+        raise ConfigError(f"runtime JSON has both {spelled}; they are aliases, keep one")
     if not present:
-        raise ConfigError("runtime JSON has neither model.dflash2 nor model.dspark")
+        raise ConfigError(f"runtime JSON has none of {spelled}")
     section = dict(model[present[0]])
     section["kind"] = present[0]
     if "top_k" in section:
@@ -143,7 +122,7 @@ def canonical_tensor_names(tensors: dict) -> dict:
     """Rename bare / suffix-less head tensors to the module-qualified names the model uses; drop
     tensors only training reads (speculators' frozen verifier head and norm)."""
     out = {k: v for k, v in tensors.items() if k not in TRAINING_ONLY_TENSORS}
-    for canonical, spellings in MARKOV_TENSORS.items():
+    for canonical, spellings in kinds.tensor_spellings().items():
         present = [s for s in spellings if s in out]
         if len(present) > 1:
             raise ConfigError(f"tensor {canonical} is spelled twice: {present}")
@@ -158,14 +137,14 @@ def flatten_speculators(cfg: dict) -> dict:
     if "transformer_layer_config" not in cfg and "speculators_model_type" not in cfg:
         return cfg
     kind = cfg.get("speculators_model_type")
-    if kind not in SPECULATORS_KINDS:
+    if kind not in kinds.names():
         raise ConfigError(f"speculators_model_type={kind!r} is not a block drafter "
-                          f"(supported: {sorted(SPECULATORS_KINDS)})")
+                          f"(supported: {sorted(kinds.names())})")
     layer = cfg.get("transformer_layer_config")
     if not isinstance(layer, dict):
         raise ConfigError("speculators config has no transformer_layer_config object (the drafter's decoder shape)")
     flat = {**layer, **{k: v for k, v in cfg.items() if k != "transformer_layer_config"}}
-    flat.setdefault("speculators_kind", SPECULATORS_KINDS[kind])
+    flat.setdefault("speculators_kind", kind)
     return flat
 
 
@@ -181,6 +160,7 @@ def resolve_drafter(cfg: dict, tensor_shapes: dict[str, tuple[int, ...]], mode: 
         section = runtime_json_section(runtime)
         merged["runtime"] = section
     kind = _resolve_kind(merged, tensor_shapes, mode)
+    spec = kinds.drafter_kind(kind)
     dims = decoder_dims(cfg, "drafter")
     gemma = family_drafter_dims(cfg, tensor_shapes)
     if gemma:
@@ -204,7 +184,7 @@ def resolve_drafter(cfg: dict, tensor_shapes: dict[str, tuple[int, ...]], mode: 
         target_layer_ids=tuple(int(i) for i in field("target_layer_ids")),
         mask_token_id=int(field("mask_token_id")),
         block_size=int(field("block_size")),
-        shift_label=bool(field("shift_label", kind == "dspark")),
+        shift_label=bool(field("shift_label", spec.shift_label)),
         num_draft_tokens=int(field("num_draft_tokens", 0)),
         layer_types=layer_types,
         sliding_window=cfg.get("sliding_window"),
@@ -224,7 +204,7 @@ def resolve_drafter(cfg: dict, tensor_shapes: dict[str, tuple[int, ...]], mode: 
         selector_rank=int(field("selector_rank", 0)),
         own_embed_tokens="embed_tokens.weight" in tensor_shapes,
         own_lm_head="lm_head.weight" in tensor_shapes,
-        tap_point=str(field("tap_point", default_tap_point(kind))),
+        tap_point=str(field("tap_point", spec.tap_point)),
         draft_vocab_size=_draft_vocab_size(merged, tensor_shapes, dims["vocab_size"]),
         rope_interleaved=_rope_interleaved(cfg),
         gemma_blocks=bool(gemma), attention_k_eq_v=bool(gemma) and bool(cfg.get("attention_k_eq_v", False)),
@@ -265,20 +245,11 @@ def _draft_vocab_size(cfg: dict, shapes: dict, vocab: int) -> int:
     return size
 
 
-def _has_dspark_heads(cfg: dict, shapes: dict) -> list[str]:
-    evidence = [n for n in shapes if n.startswith(("markov_head.", "confidence_head."))]
-    for name in ("markov_rank", "enable_confidence_head"):
-        value = read_field(cfg, name)
-        if value is not _MISSING and value:
-            evidence.append(f"{name}={value}")
-    return evidence
-
-
 def _resolve_kind(cfg: dict, shapes: dict, mode: str | None) -> str:
     sources: list[tuple[str, str]] = []
     if mode is not None:
-        if mode not in DRAFTER_KINDS:
-            raise ConfigError(f"--mode {mode!r} is not a drafter kind (choose from {DRAFTER_KINDS})")
+        if mode not in kinds.names():
+            raise ConfigError(f"--mode {mode!r} is not a drafter kind (choose from {kinds.names()})")
         sources.append(("--mode", mode))
     runtime = cfg.get("runtime")
     if runtime:
@@ -286,27 +257,31 @@ def _resolve_kind(cfg: dict, shapes: dict, mode: str | None) -> str:
     if "speculators_kind" in cfg:
         sources.append((f"speculators_model_type={cfg['speculators_kind']}", cfg["speculators_kind"]))
     projector = _lookup(cfg, "dflash_config.projector_type")
+    projected = projector in kinds.names()
     for arch in cfg.get("architectures") or []:
-        if arch == "DFlashDraftModel" and projector == "dspark":
-            continue  # SpecForge trains DSpark as a DFlash model with a dspark projector
-        if arch in ARCHITECTURE_KINDS:
-            sources.append((f"architectures={arch}", ARCHITECTURE_KINDS[arch]))
-        elif "DSpark" in arch:
-            sources.append((f"architectures={arch}", "dspark"))
-    if projector == "dspark":
-        sources.append(("dflash_config.projector_type", "dspark"))
-    heads = _has_dspark_heads(cfg, shapes)
-    if heads:
-        sources.append((f"DSpark heads ({', '.join(heads[:3])})", "dspark"))
+        kind = kinds.kind_of_architecture(arch)
+        if kind is not None and not (projected and kind.hosts_projectors):   # SpecForge: the projector says
+            sources.append((f"architectures={arch}", kind.name))
+    if projected:
+        sources.append(("dflash_config.projector_type", projector))
+    read = (lambda name: None if (v := read_field(cfg, name)) is _MISSING else v)
+    heads = {}
+    for kind in kinds.kinds():
+        evidence = kind.evidence(read, shapes)
+        if evidence:
+            heads[kind.name] = kind.title
+            sources.append((f"{kind.title} heads ({', '.join(evidence[:3])})", kind.name))
     if not sources:
         raise ConfigError("cannot tell the drafter kind: no --mode, no known architectures "
-                          f"(known: {sorted(ARCHITECTURE_KINDS)}), no DSpark heads")
+                          f"(known: {kinds.architectures()}), no drafter heads")
     first_src, kind = sources[0]
     for src, other in sources[1:]:
         if other != kind:
-            if "dspark" in (kind, other):
+            headed = next((k for k in (kind, other) if k in heads), None)
+            if headed is not None:
                 raise ConfigError(f"{first_src} says {kind!r} but {src} says {other!r}; a drafter with "
-                                  "DSpark heads must run in 'dspark' mode (--mode dspark), never as plain DFlash")
+                                  f"{heads[headed]} heads must run in {headed!r} mode (--mode {headed}), never "
+                                  "as another kind")
             raise ConfigError(f"conflicting drafter kind: {first_src} says {kind!r}, {src} says {other!r}")
     return kind
 

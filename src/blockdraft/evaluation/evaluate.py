@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..default_model import DEFAULT_DRAFTER
 from ..errors import ConfigError
 from .gate import CONDITION_FIELDS, GateKey, GateRow, check, load_gates, record
 from .lm_eval_task import PREFIX, run_lm_eval_task
@@ -43,7 +44,7 @@ def with_gate_conditions(cfg: EvalConfig, row: GateRow, given: dict) -> EvalConf
     return replace(cfg, prompts=row.prompts, max_new_tokens=row.max_new_tokens, temperature=row.temperature)
 
 
-def evaluate(cfg: EvalConfig, target=None, drafter="dspark", gate: str | None = None,
+def evaluate(cfg: EvalConfig, target=None, drafter=DEFAULT_DRAFTER, gate: str | None = None,
              record_gate: str | None = None, given: dict | None = None, lm_eval_options: dict | None = None,
              **llm_kwargs) -> EvalOutcome:
     """`given`: the conditions the user set explicitly (prompts, max_new_tokens, temperature), checked

@@ -24,7 +24,7 @@ from ..config import Taps
 from ..layers.attention import attend
 from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
-from ..spec_decode.lattice import block_lattice
+from ..spec_decode.propose import block_lattice
 from .paged import PagedGraphStep, packed_rows
 
 

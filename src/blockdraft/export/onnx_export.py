@@ -28,11 +28,12 @@ import torch
 
 from ..errors import ConfigError
 from ..loading import load_drafter, load_target
+from ..drafters import registry as kinds
+from ..drafters.registry import drafter_kind
 from ..models.registry import family_of
 from .graphs import DrafterGraph, TargetGraph
 from .runtime import META, _names, drafter_rows, packed_metadata
 
-LATTICE_KINDS = ("dspark", "dflash2")
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 CACHE_IN = {"past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"}
@@ -59,21 +60,24 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
                           "state); run them in blockdraft")
     drafter = load_drafter(Path(drafter_dir), target)          # validates taps, fc width, vocab, heads
     cfg = drafter.config
-    if cfg.kind not in LATTICE_KINDS:
-        raise ConfigError(f"export onnx writes the ORT-GenAI lattice contract, which covers dspark and dflash2 "
+    kind = drafter_kind(cfg.kind)
+    if kind.onnx is None:
+        exported = " and ".join(kinds.names(lambda k: k.onnx is not None))
+        raise ConfigError(f"export onnx writes the ORT-GenAI lattice contract, which covers {exported} "
                           f"drafters; {drafter_dir} resolves to kind={cfg.kind!r}")
-    if cfg.kind == "dflash2":
-        if top_k is not None and top_k != cfg.selector_top_k:
-            raise ConfigError(f"--top-k {top_k}: a dflash2 selector is trained for selector_top_k="
-                              f"{cfg.selector_top_k}; omit --top-k or pass that value")
-        top_k = cfg.selector_top_k
+    if kind.onnx.fixed_top_k is not None:
+        fixed = getattr(cfg, kind.onnx.fixed_top_k)
+        if top_k is not None and top_k != fixed:
+            raise ConfigError(f"--top-k {top_k}: a {kind.name} drafter's lattice is trained for "
+                              f"{kind.onnx.fixed_top_k}={fixed}; omit --top-k or pass that value")
+        top_k = fixed
     top_k = 8 if top_k is None else top_k
     if not 1 <= top_k <= cfg.vocab_size:
         raise ConfigError(f"--top-k must be in [1, vocab_size={cfg.vocab_size}], got {top_k}")
     window = shared_window(cfg)
-    if cfg.kind == "dflash2" and window is None:
-        raise ConfigError(f"{drafter_dir}: a dflash2 drafter exports only when every layer slides with one window "
-                          f"(ONNX Runtime GenAI 0.18 requires model.dflash2.sliding_window > 0 and gives all "
+    if kind.onnx.one_window and window is None:
+        raise ConfigError(f"{drafter_dir}: a {kind.name} drafter exports only when every layer slides with one "
+                          f"window (ONNX Runtime GenAI 0.18 requires model.{kind.name}.sliding_window > 0 and gives all "
                           f"layers one ring); layer windows are {[cfg.layer_window(i) for i in range(cfg.num_layers)]}")
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".partial")

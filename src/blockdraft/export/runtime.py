@@ -21,6 +21,7 @@ import torch
 
 from ..checkpoints.resolve import runtime_json_section
 from ..checkpoints.weights import read_json
+from ..drafters.registry import drafter_kind
 from ..errors import ConfigError
 from ..spec_decode.lattice import Lattice
 
@@ -150,7 +151,7 @@ class OnnxModels:
                                "block_size", "engine.dynamic_batching"))
         self.context_length = int(_field(model, "context_length", "model"))
         self.dims = {"decoder": dec, self.kind: drf}
-        want_n = self.block_size if self.kind == "dspark" else self.block_size - 1
+        want_n = self.block_size if drafter_kind(self.kind).shift_label else self.block_size - 1
         if self.num_draft_tokens != want_n:
             raise ContractError(f"{where}.num_draft_tokens={self.num_draft_tokens} but a {self.kind} block of "
                                 f"block_size={self.block_size} drafts {want_n}")

@@ -36,7 +36,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import DENSE_ARCHITECTURES
 from ..errors import ConfigError
 from . import cpu_kernels as kernels
 from .direct import DirectCall
@@ -194,7 +193,9 @@ def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) ->
     `kernel` as `QuantizedLinear` takes it (None: the own kernel where it applies)."""
     if scheme == "none":
         return model
-    if model.config.architecture not in DENSE_ARCHITECTURES:
+    from ..models.registry import family_of          # the families' layers import this module
+
+    if not family_of(model.config.architecture).capabilities.fused_layer_stack:
         return _quantize_hybrid(model, scheme, kernel)
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp

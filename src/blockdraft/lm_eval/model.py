@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from ..default_model import DEFAULT_DRAFTER
 from ..errors import ConfigError
 from ..evaluation.stats import mean_al_ci
 from ..sampling.params import SamplingParams
@@ -42,7 +43,7 @@ def _device(requested: str | None) -> str:
 
 
 class BlockdraftLM(TemplateLM):
-    def __init__(self, target: str | None = None, drafter: str = "dspark", mode: str | None = None,
+    def __init__(self, target: str | None = None, drafter: str = DEFAULT_DRAFTER, mode: str | None = None,
                  dtype: str = "auto", quantization: str = "auto", device: str | None = None,
                  max_batch: int | None = None,
                  max_length: int | None = None, max_gen_toks: int = 256, add_bos_token: bool = False,

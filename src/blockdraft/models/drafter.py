@@ -1,4 +1,4 @@
-"""Block drafter: DFlash backbone + optional DFlash2 convs/selector and DSpark heads.
+"""Block drafter: the DFlash backbone every kind shares, with the heads its kind adds (`drafters/`).
 
 The backbone projects the target's taps into a context (`hidden_norm(fc(taps))`)
 whose K/V live in the drafter's own cache ("KV injection"); the block
@@ -13,16 +13,15 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from ..config import DrafterConfig
+from ..drafters.registry import drafter_kind
 from ..errors import ConfigError
 from ..cache.views import causal_visibility
 from ..layers.attention import attend
-from ..layers.linear import StableLinear, fp32_weight
+from ..layers.linear import StableLinear
 from ..layers.norm import RMSNorm, rms_normalized
 from ..layers.rope import Rotary, apply_rope
-from ..layers.vocab import FULL
 from .kv_cache import KVCache
 from ..layers.mlp import MLP
 from .target import TargetModel
@@ -30,9 +29,9 @@ from .target import TargetModel
 
 class InjectedAttention(nn.Module):
     """Block queries over [context K/V from the cache ‖ block K/V]; Qwen3 q/k norms, RoPE by position.
-    Gemma blocks: a gain-less norm on V, scale 1.0, and V = the raw K projection where `attention_k_eq_v`."""
+    Gemma blocks (`v_norm`): a gain-less norm on V, scale 1.0; V = the raw K projection where `attention_k_eq_v`."""
 
-    def __init__(self, cfg: DrafterConfig, layer: int):
+    def __init__(self, cfg: DrafterConfig, layer: int, v_norm: bool = False):
         super().__init__()
         if cfg.num_heads % cfg.num_kv_heads:
             raise ConfigError(f"drafter layer {layer}: num_attention_heads={cfg.num_heads} is not divisible by "
@@ -46,8 +45,8 @@ class InjectedAttention(nn.Module):
         self.o_proj = StableLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.v_norm_eps = cfg.rms_norm_eps if cfg.gemma_blocks else None
-        self.scale = 1.0 if cfg.gemma_blocks else cfg.head_dim ** -0.5
+        self.v_norm_eps = cfg.rms_norm_eps if v_norm else None
+        self.scale = 1.0 if v_norm else cfg.head_dim ** -0.5
 
     def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int) -> torch.Tensor:
         b, t, _ = x.shape
@@ -72,61 +71,19 @@ class InjectedAttention(nn.Module):
         return self.o_proj(attend(self.queries(x, cos, sin), k, v, visible, self.scale))
 
 
-class GroupedCausalConv(nn.Module):
-    """DFlash2's dynamic grouped causal conv over the block rows (zero-padded before the block).
-
-    out[t] = sum_o (base[o] + dyn[t, o, group]) * x[t - o]; `prepare` convolves with the
-    first kernel and returns the second kernel's dynamic part for `finish`.
-    """
-
-    def __init__(self, hidden: int, kernel_size: int, group_size: int):
-        super().__init__()
-        self.kernel_size, self.group_size = kernel_size, group_size
-        self.groups = hidden // group_size
-        self.base_kernel = nn.Parameter(torch.empty(2, kernel_size, hidden))
-        self.kernel_projection = StableLinear(hidden, 2 * kernel_size * self.groups, bias=False)
-
-    def _convolve(self, x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-        b, t, h = x.shape
-        blocks = x.view(b, t, self.groups, self.group_size)
-        dynamic = dynamic.reshape(b, t, self.kernel_size, self.groups, 1)
-        out = torch.zeros_like(blocks)
-        for offset in range(self.kernel_size):
-            shifted = blocks if offset == 0 else F.pad(blocks[:, :-offset], (0, 0, 0, 0, offset, 0))
-            out = out + base[offset].view(1, 1, self.groups, self.group_size).to(x.dtype) * shifted
-            out = torch.addcmul(out, dynamic[:, :, offset], shifted)
-        return out.view(b, t, h)
-
-    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        dynamic = self.kernel_projection(x).view(*x.shape[:-1], 2, self.kernel_size, self.groups)
-        return self._convolve(x, dynamic[..., 0, :, :], self.base_kernel[0]), dynamic[..., 1, :, :]
-
-    def finish(self, x: torch.Tensor, dynamic: torch.Tensor) -> torch.Tensor:
-        return self._convolve(x, dynamic, self.base_kernel[1])
-
-
 class DrafterLayer(nn.Module):
-    """Qwen3-style pre-norm layer; with `gemma_blocks`, Gemma's: the attention and MLP outputs normed
-    before their residual adds (post_attention / pre- and post_feedforward norms), a GeGLU MLP, and the
-    layer's output scaled by its `layer_scalar`."""
+    """The Qwen3-style pre-norm layer of the published DFlash, DFlash2 and DSpark drafters, with the mixers
+    its kind wraps around attention and MLP (DFlash2's grouped causal convs)."""
 
-    def __init__(self, cfg: DrafterConfig, layer: int):
+    def __init__(self, cfg: DrafterConfig, layer: int, act: str = "silu", v_norm: bool = False):
         super().__init__()
-        self.self_attn = InjectedAttention(cfg, layer)
-        self.gemma = cfg.gemma_blocks
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, act="gelu_tanh" if self.gemma else "silu")
+        self.self_attn = InjectedAttention(cfg, layer, v_norm)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, act=act)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        if self.gemma:
-            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-            self.register_buffer("layer_scalar", torch.ones(1))
         self.causal, self.window = cfg.layer_is_causal(layer), cfg.layer_window(layer)
-        if cfg.kind == "dflash2":
-            self.attention_conv = GroupedCausalConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
-            self.mlp_conv = GroupedCausalConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
-        else:
-            self.attention_conv = self.mlp_conv = None
+        # mixers the kind wraps around attention and MLP (DFlash2's grouped causal convs), else None
+        self.attention_conv, self.mlp_conv = drafter_kind(cfg.kind).layer_mixers(cfg)
 
     def visibility(self, q_pos: torch.Tensor, k_pos: torch.Tensor, k_valid: torch.Tensor | None
                    ) -> torch.Tensor | None:
@@ -140,10 +97,6 @@ class DrafterLayer(nn.Module):
     def forward(self, x, attention):
         """x [b, rows, D]; `attention(self_attn, h)` runs this layer's attention for the normed rows h
         over whatever context the caller holds (a `ContextRead`, or an exported graph's pages)."""
-        if self.gemma:
-            x = x + self.post_attention_layernorm(attention(self.self_attn, self.input_layernorm(x)))
-            x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
-            return x * self.layer_scalar
         h = self.input_layernorm(x)
         if self.attention_conv is not None:
             h, kernel = self.attention_conv.prepare(h)
@@ -160,45 +113,21 @@ class DrafterLayer(nn.Module):
         return x + h
 
 
-class MarkovHead(nn.Module):
-    """DSpark low-rank transition bias: bias(prev) = W2(W1[prev]) in fp32, [.., out_vocab].
+class GemmaDrafterLayer(DrafterLayer):
+    """DeepSpec's Gemma 4 DSpark backbone (`gemma_blocks`): the attention and MLP outputs normed before their
+    residual adds (post_attention / pre- and post_feedforward norms), a GeGLU MLP, V normed without a gain,
+    attention scale 1.0, and the layer's output scaled by its `layer_scalar`."""
 
-    W1 is read at the previous token's target id; W2 scores the draft vocabulary (the whole
-    vocabulary unless the drafter prunes it)."""
+    def __init__(self, cfg: DrafterConfig, layer: int):
+        super().__init__(cfg, layer, act="gelu_tanh", v_norm=True)
+        self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.register_buffer("layer_scalar", torch.ones(1))
 
-    def __init__(self, vocab: int, rank: int, out_vocab: int | None = None):
-        super().__init__()
-        self.markov_w1 = nn.Embedding(vocab, rank)
-        self.markov_w2 = StableLinear(rank, out_vocab or vocab, bias=False)
-        self.vocab = FULL          # output-id layout (tensor parallelism swaps in its shard ops)
-
-    def forward(self, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        embed = self.markov_w1(prev)
-        return F.linear(embed.float(), fp32_weight(self.markov_w2.weight)), embed
-
-
-class ConfidenceHead(nn.Module):
-    """sigmoid(proj([hidden ‖ W1[prev]])) estimates P(slot accepted)."""
-
-    def __init__(self, in_features: int, bias: bool):
-        super().__init__()
-        self.proj = StableLinear(in_features, 1, bias=bias)
-
-    def forward(self, hidden: torch.Tensor, markov_embed: torch.Tensor | None) -> torch.Tensor:
-        x = hidden if markov_embed is None else torch.cat([hidden, markov_embed.to(hidden.dtype)], dim=-1)
-        return F.linear(x.float(), fp32_weight(self.proj.weight),
-                        None if self.proj.bias is None else self.proj.bias.float())[..., 0]
-
-
-class CandidateSelector(nn.Module):
-    """DFlash2 edge scorer: edge(pred, cand | h) = (P[pred] * proj(h)) · S[cand]."""
-
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        self.top_k = cfg.selector_top_k
-        self.predecessor_codebook = nn.Embedding(cfg.vocab_size, cfg.selector_rank)
-        self.successor_codebook = nn.Embedding(cfg.vocab_size, cfg.selector_rank)
-        self.hidden_projection = StableLinear(cfg.hidden_size, cfg.selector_rank, bias=False)
+    def forward(self, x, attention):
+        x = x + self.post_attention_layernorm(attention(self.self_attn, self.input_layernorm(x)))
+        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        return x * self.layer_scalar
 
 
 @dataclass
@@ -218,7 +147,8 @@ class BlockDrafter(nn.Module):
         tcfg = target.config
         self.fc = StableLinear(len(cfg.target_layer_ids) * tcfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList(DrafterLayer(cfg, i) for i in range(cfg.num_layers))
+        backbone = GemmaDrafterLayer if cfg.gemma_blocks else DrafterLayer
+        self.layers = nn.ModuleList(backbone(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.rope, cfg.head_dim)
         self.shared = SharedWeights(target.embed_tokens, target.lm_head, tcfg.final_logit_softcapping)
@@ -229,13 +159,7 @@ class BlockDrafter(nn.Module):
         if cfg.pruned_vocab:  # speculators / EAGLE-3: target id = draft id + d2t[draft id]; t2d marks kept ids
             self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
             self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
-        if cfg.kind == "dspark":
-            self.markov_head = MarkovHead(cfg.vocab_size, cfg.markov_rank, cfg.output_vocab_size)
-            if cfg.enable_confidence_head:
-                extra = cfg.markov_rank if cfg.confidence_head_with_markov else 0
-                self.confidence_head = ConfidenceHead(cfg.hidden_size + extra, cfg.confidence_bias)
-        if cfg.kind == "dflash2":
-            self.candidate_selector = CandidateSelector(cfg)
+        drafter_kind(cfg.kind).add_heads(self, cfg)       # DSpark's Markov/confidence heads, DFlash2's selector
 
     @property
     def dtype(self) -> torch.dtype:

@@ -4,7 +4,7 @@ Attention: q/k/v column-parallel by whole heads (KV heads split across ranks, ea
 keeping the query heads of its KV groups), o_proj row-parallel. MLP: gate/up column,
 down row. Embedding and LM head vocab-parallel (the drafter's shared ones are the
 target's sharded modules). DSpark: `markov_w1` replicated, `markov_w2` split by vocabulary
-(`ShardedMarkovHead`). Norms, the drafter's fc, DFlash2 convs and selector are replicated.
+(`drafters.dspark.ShardedMarkovHead`). Norms, the drafter's fc, DFlash2 convs and selector are replicated.
 After the row-parallel all-reduce every rank holds the full residual stream, so the taps
 the drafter reads are complete on every rank without a further gather.
 """
@@ -18,10 +18,11 @@ from torch import nn
 
 from ..config import DrafterConfig, TargetConfig
 from ..errors import ConfigError
-from ..models.drafter import BlockDrafter, MarkovHead
+from ..drafters.registry import drafter_kind
+from ..models.drafter import BlockDrafter
 from ..models.registry import family_of
 from ..models.target import TargetModel
-from .layers import (ColumnParallelLinear, RowParallelLinear, ShardedVocab, TPGroup, VocabParallelEmbedding,
+from .layers import (ColumnParallelLinear, RowParallelLinear, TPGroup, VocabParallelEmbedding,
                      VocabParallelHead)
 
 
@@ -42,20 +43,6 @@ def check_tp(tp: int, target: TargetConfig | None, drafter: DrafterConfig | None
             value = getattr(cfg, field)
             if value % tp:
                 raise ConfigError(f"--tp {tp}: {who} {name}={value} is not divisible by the TP size {tp}")
-
-
-class ShardedMarkovHead(MarkovHead):
-    """DSpark Markov head with W2 split by vocabulary: forward (MarkovHead's) gives this rank's bias shard
-    [.., V/tp]."""
-
-    def __init__(self, full: MarkovHead, tp: TPGroup):
-        nn.Module.__init__(self)             # not MarkovHead.__init__: it would build full-size weights
-        self.lo, self.hi = tp.split(full.markov_w2.weight.shape[0])
-        self.vocab = ShardedVocab(tp, self.lo, self.hi)
-        self.markov_w1 = full.markov_w1                                               # replicated [V, r]
-        self.markov_w2 = nn.Linear(full.markov_w2.in_features, self.hi - self.lo, bias=False)
-        self.markov_w2.weight = nn.Parameter(full.markov_w2.weight.detach()[self.lo:self.hi].clone(),
-                                             requires_grad=False)
 
 
 def _shard_attention(attn: nn.Module, tp: TPGroup) -> None:
@@ -113,7 +100,8 @@ def shard_drafter(drafter: BlockDrafter, target: TargetModel, tp: TPGroup) -> Bl
         drafter.embed_tokens = VocabParallelEmbedding(drafter.embed_tokens, tp)
     if drafter.config.own_lm_head:
         drafter.lm_head = VocabParallelHead(drafter.lm_head, tp)
-    if drafter.config.kind == "dspark":
-        drafter.markov_head = ShardedMarkovHead(drafter.markov_head, tp)
+    kind = drafter_kind(drafter.config.kind)
+    if kind.shard is not None:                   # heads that score the vocabulary are split by it too
+        kind.shard(drafter, tp)
     drafter.config = _local_config(drafter.config, tp)
     return drafter

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
+from ..drafters.registry import training_of
 from ..models.drafter import BlockDrafter
-from .losses import blocks_at, dflash_loss, dspark_loss, with_topk
+from .losses import blocks_at, with_topk
 from .tap_cache import CachedSeq, TapCache
 
 SCHEDULES = ("constant", "cosine")
@@ -126,18 +127,16 @@ def step_losses(drafter: BlockDrafter, cache: TapCache, seqs: list[tuple[CachedS
     """Forward + backward of one drafter over the drawn sequences (gradients accumulate; each
     sequence weighs by its share of the step's blocks). Returns the step's mean loss parts."""
     c = drafter.config
-    dspark = c.kind == "dspark"
+    training = training_of(c.kind)
     total = sum(len(a) for _, a in seqs)
     parts_sum: dict[str, float] = {}
     for seq, anchors in seqs:
         taps = cache.taps_for(seq, c.target_layer_ids, c.tap_point, last_layer)            # [1, L, F] bf16
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             block = blocks_at(drafter, taps, None, seq.ids, anchors)
-            if dspark:
+            if training.distills:                   # the target's distribution: the cache's top-k
                 block = with_topk(block, anchors, len(seq.ids), seq.topk_ids, seq.topk_probs)
-                parts = dspark_loss(drafter, block, gamma=cfg.position_gamma)
-            else:
-                parts = dflash_loss(drafter, block, gamma=cfg.position_gamma)
+            parts = training.loss(drafter, block, gamma=cfg.position_gamma)
         share = len(anchors) / total
         (parts["loss"] * share).backward()
         for k, v in parts.items():

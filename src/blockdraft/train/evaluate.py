@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..drafters.registry import drafter_kind
 from ..models.drafter import BlockDrafter
 from .losses import blocks_at
 from .tap_cache import CachedSeq, TapCache
@@ -50,8 +51,7 @@ def forced_acceptance(drafter: BlockDrafter, cache: TapCache, indices: list[int]
         taps = cache.taps_for(seq, c.target_layer_ids, c.tap_point, last_layer)
         block = blocks_at(drafter, taps, None, seq.ids, anchors)
         z = drafter.logits(block.hidden).float()                                   # [M * n, Vd]
-        if c.kind == "dspark":
-            z = z + drafter.markov_head(block.prev)[0]
+        z = drafter_kind(c.kind).forced_logits(drafter, z, block.prev)             # DSpark: + Markov bias
         right = (drafter.to_target(z.argmax(-1)) == block.labels).view(len(anchors), n)
         reach += right.int().cumprod(1).sum(0).float()                             # [n] anchors reaching k
         total += len(anchors)

@@ -25,12 +25,13 @@ import torch
 
 from ..checkpoints.publish import save_drafter
 from ..config import Taps
+from ..drafters.registry import training_of
 from ..engine.engine import sized_engine
 from ..errors import RequestError
 from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
 from ..sampling.params import SamplingParams
-from .losses import blocks_at, dflash_loss, dspark_loss
+from .losses import blocks_at
 
 
 @dataclass(frozen=True)
@@ -240,13 +241,13 @@ def fit_jointly(drafters: dict[str, BlockDrafter], data: list[TeacherSeq], cfg: 
             for group in opt.param_groups:
                 group["lr"] = cfg.lr * _lr_scale(step, cfg)
             opt.zero_grad()
-            dspark = drafter.config.kind == "dspark"
+            training = training_of(drafter.config.kind)
             totals: dict[str, float] = {}
             for seq, where in zip(picked, anchors):
                 taps = seq.taps if not missing else _taps_for(drafter, seq, joint, last_layer)
                 block = blocks_at(drafter, taps, seq.final, seq.ids, where,
-                                  (head or drafter.shared.lm_head) if dspark else None)
-                parts = (dspark_loss if dspark else dflash_loss)(drafter, block, gamma=cfg.position_gamma)
+                                  (head or drafter.shared.lm_head) if training.distills else None)
+                parts = training.loss(drafter, block, gamma=cfg.position_gamma)
                 (parts["loss"] / cfg.seqs_per_step).backward()
                 for k, v in parts.items():
                     totals[k] = totals.get(k, 0.0) + float(v.detach()) / cfg.seqs_per_step
