@@ -172,3 +172,30 @@ def test_a_plain_cost_measured_in_a_slow_spell_does_not_keep_drafting():
         picks.append(w)
         policy.record(1, w, true_cost[w], [], [])
     assert picks[0] != 0 and 0 in picks[:200] and picks[-100:].count(0) > 90   # plain again, with rare looks
+
+
+def test_a_stored_plain_cost_far_dearer_than_drafting_is_lowered_and_refreshed():
+    """A persisted state whose plain step was timed ~70x too slow (one was: 0.90 s against 0.013 s for a
+    drafting step of width 8) must not keep a weak drafter drafting in every later process."""
+    stored = {"max_width": 8, "cost": [[1, 0, 0.8987], [1, 4, 1.3072], [1, 8, 0.01297]],
+              "trials": [0, 353, 350, 346, 346, 341, 338, 334, 331], "hits": [0, 110, 3, 0, 0, 0, 0, 0, 0]}
+    policy = DraftWidthPolicy(8)
+    assert policy.restore(stored)
+    assert policy.cost[(1, 0)] <= policy.cost[(1, 8)] and policy.cost[(1, 4)] <= policy.cost[(1, 8)]
+    true_cost = {w: 0.0044 + 0.0011 * w + (0.003 if w else 0.0) for w in policy.widths}
+    picks = []
+    for _ in range(400):
+        w = policy.choose(1)
+        picks.append(w)
+        policy.record(1, w, true_cost[w], [w], [min(w, 1) if w else 0])
+    assert picks[-100:].count(0) > 90, picks[-100:]
+
+
+def test_measured_costs_never_fall_with_width():
+    policy = DraftWidthPolicy(8)
+    policy.record(1, 8, 0.010, [], [])
+    policy.record(1, 0, 0.050, [], [])            # slower than the wider step: capped at its cost
+    policy.record(1, 4, 0.020, [], [])
+    assert [policy.cost[(1, w)] for w in (0, 4, 8)] == [0.010, 0.010, 0.010]
+    policy.record(1, 0, 0.004, [], [])
+    assert policy.cost[(1, 0)] == 0.007           # halfway down, as any lower sample moves it

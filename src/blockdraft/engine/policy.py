@@ -12,6 +12,10 @@ did not draft (`StepOutputs.catch_up_s`): a look at a drafting width after plain
 otherwise carry their upkeep. A width not measured in a bucket is interpolated between its measured
 neighbours, or else scaled from the nearest bucket that measured it (its cost relative to that
 bucket's plain step), so a new bucket starts from a plain step and tries only what could win.
+A narrower step does a subset of a wider one's work (fewer verify rows; a plain step no drafter pass),
+so no width's cost stays above a wider width's measured cost: an estimate that does was measured in a
+slow spell and is lowered to it (else a plain step measured 70x too dear — one was, in a persisted
+state — would never be looked at again: its expected loss would always exceed the look budget).
 The widest width is tried `WIDE_TRIES` times per process, one after another (it measures every
 slot's acceptance; one step is too few to judge the deep slots by, and the first drafting step
 also pays one-time costs).
@@ -141,11 +145,19 @@ class DraftWidthPolicy:
             return False
         scale = min(1.0, weight / max(1, trials[1] if len(trials) > 1 else 0))
         self.cost = cost
+        for b in {b for b, _ in cost}:
+            self._monotone(b)
         if any(w for _, w in cost):          # an earlier process measured the slots: no need to again
             self.wide_steps = WIDE_TRIES
         self.trials = [round(t * scale) for t in trials]
         self.hits = [min(round(h * scale), t) for h, t in zip(hits, self.trials)]
         return True
+
+    def _monotone(self, b: int) -> None:
+        """Lower bucket `b`'s measured costs so that none exceeds a wider width's (see the module docstring)."""
+        cheapest_wider = float("inf")
+        for w in sorted((w for bb, w in self.cost if bb == b), reverse=True):
+            self.cost[(b, w)] = cheapest_wider = min(self.cost[(b, w)], cheapest_wider)
 
     def record(self, batch: int, width: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
         """One decode step: its time at `width`, and each sequence's drafted / accepted counts."""
@@ -153,6 +165,7 @@ class DraftWidthPolicy:
         self.wide_steps += width == self.max_width
         old = self.cost.get(key)
         self.cost[key] = seconds if old is None else old + (0.5 if seconds < old else 0.25) * (seconds - old)
+        self._monotone(key[0])
         self.credit[key[0]] += self.explore_share * seconds
         for n, a in zip(drafted, accepted):
             for i in range(1, n + 1):
