@@ -23,8 +23,10 @@ checks that.
 from __future__ import annotations
 
 import importlib
+import json
 import inspect
 import random
+from pathlib import Path
 
 STDLIB_MODULES = ("string", "textwrap", "statistics", "heapq", "bisect", "itertools", "functools", "os.path",
                   "shutil", "json", "base64", "binascii", "html", "urllib.parse", "fnmatch", "glob", "difflib",
@@ -158,3 +160,51 @@ def self_instruct(llm, n: int, seed: int = 0, max_tokens: int = 48, openers: tup
                 out.append(text)
         attempt += 1
     return out[:n]
+
+
+def read_prompts(path: str) -> list[str]:
+    """Prompts from a file: one per non-empty line, or a JSONL file's `prompt` fields (named errors)."""
+    from ..errors import CheckpointError
+
+    p = Path(path)
+    if not p.is_file():
+        raise CheckpointError(f"missing file: {p}")
+    from ..errors import RequestError
+
+    lines = [(i, line) for i, line in enumerate(p.read_text().splitlines(), 1) if line.strip()]
+    if p.suffix != ".jsonl":
+        return [line for _, line in lines]
+    out = []
+    for i, line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise RequestError(f"{p}:{i}: not a JSON object ({e.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise RequestError(f"{p}:{i}: needs a string field 'prompt', got {line[:80]!r}")
+        out.append(row["prompt"])
+    return out
+
+
+def builtin_prompts(llm, spec: str) -> list[str]:
+    """`builtin[:N]`: N prompts (default 240) from this module's offline sources, 3:2.5:1.5 self-instruct,
+    stdlib code and templated arithmetic."""
+    from ..errors import RequestError
+
+    _, _, n = spec.partition(":")
+    try:
+        total = int(n) if n else 240
+    except ValueError:
+        raise RequestError(f"--prompts builtin:N needs an integer N, got {spec!r}") from None
+    if total < 6:
+        raise RequestError(f"--prompts builtin:N needs N >= 6, got {total}")
+    return (self_instruct(llm, total * 3 // 7) + stdlib_code(total * 5 // 14)
+            + templated_math(total - total * 3 // 7 - total * 5 // 14))
+
+
+def split_held_out(prompts: list, held_out: list | None = None) -> tuple[list, list]:
+    """(training prompts, held-out prompts): `held_out` if given, else the last 10% (at least one)."""
+    if held_out is not None:
+        return prompts, held_out
+    cut = max(1, len(prompts) // 10)
+    return prompts[:-cut], prompts[-cut:]

@@ -1,0 +1,5 @@
+"""`python -m blockdraft.cli`."""
+
+from . import main
+
+raise SystemExit(main())
