@@ -127,3 +127,15 @@ def print_generation(args, out, text: str, drafter: str | None, extra: dict) -> 
         al = f", mean AL {out.mean_acceptance_length:.2f}" if out.acceptance_lengths else ""
         where = "".join(f", {k} {v}" for k, v in extra.items() if not isinstance(v, dict))
         print(f"[{len(out.token_ids)} tokens{al}, {out.tokens_per_s:.1f} tok/s{where}]", file=sys.stderr)
+
+
+def threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
+
+
+def use_threads(args: argparse.Namespace) -> None:
+    """`--threads N`: torch's CPU threads for this process (unset: torch's own choice)."""
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)

@@ -7,7 +7,8 @@ import json
 import sys
 
 from ..default_model import DEFAULT_DRAFTER
-from .args import BENCH_DRAFTERS, HelpFormatter, device_arg, number_list, quantization_arg, tp_on_cpu
+from .args import (BENCH_DRAFTERS, HelpFormatter, device_arg, number_list, quantization_arg, threads_arg, tp_on_cpu,
+                   use_threads)
 
 
 def add_parser(sub) -> None:
@@ -44,7 +45,7 @@ def add_parser(sub) -> None:
     b.add_argument("--batches", default="1,2,4,8,16", help="--sweep: batch sizes")
     b.add_argument("--cache-budget", type=int, help="--sweep: KV cache bytes a cell may use; cells past it are "
                    "refused before any run (default: a quarter of RAM, or 80%% of free GPU memory)")
-    b.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
+    threads_arg(b)
     b.add_argument("--json", action="store_true", help="--sweep: print the report as one JSON object")
     b.set_defaults(func=run)
 
@@ -52,10 +53,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    use_threads(args)
     if args.sweep:
         return _bench_sweep(args)
 

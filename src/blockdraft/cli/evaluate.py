@@ -8,7 +8,7 @@ import sys
 
 from ..default_model import DEFAULT_DRAFTER
 from ..drafters import registry as drafter_kinds
-from .args import HelpFormatter, device_arg, quantization_arg
+from .args import HelpFormatter, device_arg, quantization_arg, threads_arg, use_threads
 
 
 def add_parser(sub) -> None:
@@ -49,7 +49,7 @@ def add_parser(sub) -> None:
     v.add_argument("--gate", metavar="FILE", help="acceptance gate file: fail below its tolerance x the row for "
                    "this model, drafter, set, block size and numerics (and run under that row's conditions)")
     v.add_argument("--record-gate", metavar="FILE", help="write this run's mean AL into FILE as the reference row")
-    v.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
+    threads_arg(v)
     v.add_argument("--json", action="store_true", help="print the report as one JSON object")
     v.set_defaults(func=run)
 
@@ -58,10 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from ..evaluation.evaluate import evaluate
     from ..evaluation.run import EvalConfig, table
 
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    use_threads(args)
     given = {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
     cfg = EvalConfig(set=args.set, prompts=args.prompts, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                      max_batch=args.max_batch, exec_timeout_s=args.exec_timeout, adaptive=args.adaptive_speculation,

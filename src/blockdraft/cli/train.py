@@ -6,7 +6,7 @@ import argparse
 import json
 
 from ..drafters import registry as drafter_kinds
-from .args import HelpFormatter, id_list
+from .args import HelpFormatter, id_list, threads_arg, use_threads
 
 
 def add_parser(sub) -> None:
@@ -53,7 +53,7 @@ def add_parser(sub) -> None:
     t.add_argument("--save-every-seconds", type=float, default=600.0, help="checkpoint at least this often")
     t.add_argument("--new-tokens", type=int, default=64, help="target tokens generated per prompt")
     t.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
-    t.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
+    threads_arg(t)
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=run)
 
@@ -72,10 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from ..train.trainer import teacher_responses
 
     drafter_kinds.training_of(args.kind)        # a kind without a loss here: a named error before any work
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    use_threads(args)
     builtin = args.prompts.startswith("builtin")
     llm = LLM(target=args.target, drafter="none", dtype="float32", max_batch=32 if builtin else 1)
     encode = (lambda text: llm.encode(text, chat=args.chat or builtin))
