@@ -21,7 +21,7 @@ unsuffixed series; the others are suffixed `[isa]`; all give the same bits), so 
 VNNI path are compared in one run. `--json` prints one JSON object: each series mapping row counts to
 median ms, and the instruction set the int4 kernel ran (`isa`).
 Medians of `--repeats`; every configuration is timed in the same process, interleaved by repeat.
-Writes benchmarks/results/costs.json and docs/costs.png (`--models qwen3.5` alone: costs_qwen3_5.*; other
+Writes benchmarks/results/costs.json and docs/data/costs.png (`--models qwen3.5` alone: costs_qwen3_5.*; other
 family shapes without smollm2: costs_families.*; `--name NAME`: NAME.*).
 """
 
@@ -170,7 +170,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--isas", default=None, help="instruction sets for the quantized series, best first "
                     "(default: the best this CPU runs); e.g. amx,avx512vnni")
-    ap.add_argument("--name", default=None, help="results name (benchmarks/results/NAME.json, docs/NAME.png); "
+    ap.add_argument("--name", default=None, help="results name (benchmarks/results/NAME.json, docs/data/NAME.png); "
                     "default by --models: costs, costs_qwen3_5 or costs_families")
     ap.add_argument("--breakdown", action="store_true", help="per-part times of 1- and 9-row int4 passes")
     ap.add_argument("--schemes", default="int8,int4", help="weight-only series: int8, int4, int4-a8")

@@ -13,7 +13,7 @@ taken within a repeat; the report keeps medians. ORT-GenAI models are built once
 and run in this process through og.Generator (the onnx extra; skipped when it is missing) with
 `--threads` intra-op threads like ours, and the int4 build once more at onnxruntime's own default
 (one thread per core: `ortgenai_int4_own_threads`).
-Writes benchmarks/results/default_model.json and docs/default_model.png.
+Writes benchmarks/results/default_model.json and docs/data/default_model.png.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ acceptance rate a (slot i accepted with probability a^i); the policy's chosen wi
 speed against plain decoding, E(w)/cost(w) ÷ 1/cost(0), are reported per a. `bench_spec.py` runs
 the engine end to end instead. Random weights: real routers spread tokens over experts
 differently, so a real checkpoint's expert reads, and so its costs, can differ.
-Writes benchmarks/results/moe_width.json and docs/moe_width.png.
+Writes benchmarks/results/moe_width.json and docs/data/moe_width.png.
 """
 
 from __future__ import annotations

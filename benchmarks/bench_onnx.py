@@ -12,7 +12,7 @@ Side by side in one process, every repeat runs every mode over the same chat pro
   ortgenai_fp32/int4 og.Generator on ORT-GenAI's own builder output (`-p fp32|int4 -e cpu`)
 tokens/s = generated tokens (to EOS) / wall time, prefill included; medians over repeats; mean AL
 from og's `get_speculative_stats()` (accepted / rounds + 1) and from our per-step lengths.
-Writes benchmarks/results/onnx.json and docs/onnx_engines.png (docs/benchmarks.md cites docs/onnx_engines.json).
+Writes benchmarks/results/onnx.json and docs/data/onnx_engines.png (docs/benchmarks.md cites docs/data/onnx_engines.json).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ per run: decode tokens/s over the batch (the tokens after each sequence's first,
 first token to the finish: what the prefill costs is not in it; median over repeats) and its ratio to
 plain, the same ratio end to end (prefill included), mean acceptance length,
 mean drafted width per step, the measured per-slot acceptance at full width, and whether the greedy
-output equals plain decoding's. Writes benchmarks/results/NAME.json and docs/NAME.png.
+output equals plain decoding's. Writes benchmarks/results/NAME.json and docs/data/NAME.png.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def slot_rates(als: list[int]) -> list[float]:
 
 
 def plot(report: dict, name: str) -> None:
-    """docs/NAME.png: speed against plain per measured full-block AL, the policy and full width per target."""
+    """docs/data/NAME.png: speed against plain per measured full-block AL, the policy and full width per target."""
     if not (made := new_figure(figsize=(7.5, 4.2))):
         return
     fig, ax = made
@@ -151,7 +151,7 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=300)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--name", default="spec", help="results name: benchmarks/results/NAME.json, docs/NAME.png")
+    ap.add_argument("--name", default="spec", help="results name: benchmarks/results/NAME.json, docs/data/NAME.png")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from blockdraft.engine.engine import sized_engine

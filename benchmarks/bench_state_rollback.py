@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--keep", type=int, default=3, help="rows each sequence keeps (anchor + accepted)")
     ap.add_argument("--batch", default="1,8", help="batch sizes")
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--out", default="docs/state_rollback.json")
+    ap.add_argument("--out", default="docs/data/state_rollback.json")
     args = ap.parse_args()
     cfg = DeltaNetConfig(num_k_heads=16, num_v_heads=16, k_dim=128, v_dim=128, conv_kernel=4)
     results = []

@@ -9,7 +9,7 @@ Every prompt runs through plain decoding (one engine, warm), a fresh speculative
 speculative engine with `remember_width_costs=True` whose file a first pass over the prompts wrote
 (in a temporary BLOCKDRAFT_CACHE). Only `generate` is timed (not loading). Ratios are taken per
 prompt and repeat; the report keeps medians. Writes benchmarks/results/width_memory.json and
-docs/width_memory.png.
+docs/data/width_memory.png.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Where the benchmark scripts put what they measured: `benchmarks/results/NAME.json` (not in git)
-and, for the figures docs/benchmarks.md cites, `docs/NAME.png`."""
+and, for the figures docs/benchmarks.md cites, `docs/data/NAME.png`."""
 
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ def new_figure(**subplots):
 
 
 def save_figure(fig, name: str) -> None:
-    """`fig` as docs/NAME.png (the figures docs/benchmarks.md cites)."""
+    """`fig` as docs/data/NAME.png (the figures docs/benchmarks.md cites)."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(ROOT / "docs" / f"{name}.png", dpi=110)
+    fig.savefig(ROOT / "docs" / "data" / f"{name}.png", dpi=110)
     plt.close(fig)

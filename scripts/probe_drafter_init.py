@@ -14,7 +14,7 @@ gives).
     python scripts/probe_drafter_init.py --variants random --gamma 1 --steps 200
     python scripts/probe_drafter_init.py --baselines
 
-Results accumulate in `--out` (default docs/drafter_probe.json).
+Results accumulate in `--out` (default docs/data/drafter_probe.json).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def main() -> None:
     ap.add_argument("--gamma", type=float, default=4.0, help="loss weight of slot k: exp(-k / gamma)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=50)
-    ap.add_argument("--out", default=str(recipe.ROOT / "docs" / "drafter_probe.json"))
+    ap.add_argument("--out", default=str(recipe.ROOT / "docs" / "data" / "drafter_probe.json"))
     ap.add_argument("--baselines", action="store_true",
                     help="score the shipped drafters and a trigram table instead of training")
     args = ap.parse_args()

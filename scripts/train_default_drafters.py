@@ -44,7 +44,7 @@ KINDS = ("dflash", "dspark")
 # (the z-lab layout, no lm_head/d2t stored): llama.cpp's DFlash converter knows no d2t.
 PRUNED = {"dflash": False, "dspark": True}
 CFG_FILE = CACHE / "run.json"
-CURVE_JSON = ROOT / "docs" / "drafter_curve.json"     # versioned: every published run extends it
+CURVE_JSON = ROOT / "docs" / "data" / "drafter_curve.json"     # versioned: every published run extends it
 EVAL_SETS, EVAL_PROMPTS, EVAL_TOKENS = ("chat", "humaneval", "math"), 6, 96
 
 
@@ -379,7 +379,7 @@ def cmd_publish(args) -> None:
             cpu=run["cpu"], loss=hist[-1]["loss"], n_prompts=EVAL_PROMPTS, eval_tokens=EVAL_TOKENS, rows=rows))
         print(f"published {kind} step {step} -> {out}")
     CURVE_JSON.write_text(json.dumps(curve, indent=1) + "\n")   # a continued run's curve holds the earlier points
-    plot_curve(curve, ROOT / "docs" / "drafter_curve.png")
+    plot_curve(curve, ROOT / "docs" / "data" / "drafter_curve.png")
 
 
 def main() -> None:

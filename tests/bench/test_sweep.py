@@ -34,6 +34,31 @@ def test_sweep_reports_every_cell(tmp_path, capsys):
         assert cell["plain_tok_s"] > 0 and cell["spec_tok_s"] > 0
         assert cell["speedup"] == pytest.approx(cell["spec_tok_s"] / cell["plain_tok_s"])   # one repeat
         assert cell["identical"] and 1 <= cell["mean_al"] <= 6           # lossless; block of 5 drafts
+    assert report["complete"]
+
+
+def test_a_stopped_sweep_keeps_the_cells_it_measured(tmp_path, monkeypatch):
+    """sweep.json is rewritten after every cell: a sweep stopped part-way leaves its finished cells on disk."""
+    from blockdraft.bench import sweep as sweep_module
+
+    written = []
+    real = sweep_module.run_sweep
+
+    def stop_after_two_cells(*args, on_cell=None, **kwargs):
+        def record(report):
+            written.append(json.loads((tmp_path / "sweep.json").read_text()) if (tmp_path / "sweep.json").exists()
+                           else None)
+            on_cell(report)
+            if len(report["cells"]) == 2:
+                raise KeyboardInterrupt
+        return real(*args, on_cell=record, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "run_sweep", stop_after_two_cells)
+    with pytest.raises(KeyboardInterrupt):
+        main([*SWEEP, "--contexts", "32,64", "--batches", "1,2", "--out", str(tmp_path), "--json"])
+    kept = json.loads((tmp_path / "sweep.json").read_text())
+    assert [(c["context"], c["batch"]) for c in kept["cells"]] == [(32, 1), (32, 2)] and not kept["complete"]
+    assert kept["drafter"].endswith("dspark") and written[0] is None        # nothing on disk before the first cell
 
 
 def test_cells_past_the_budget_are_refused_by_name_before_any_run(tmp_path, capsys):

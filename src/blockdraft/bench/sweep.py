@@ -119,13 +119,21 @@ def _decode_rate(engine, prompts: list[list[int]], new_tokens: int) -> tuple[flo
         engine.seqs.pop(s.request_id, None)
     return (tokens / seconds if seconds > 0 else 0.0), *out
 
-def run_sweep(target, drafter, tokenizer, cfg: SweepConfig, progress: bool = True) -> dict:
+
+def run_sweep(target, drafter, tokenizer, cfg: SweepConfig, progress: bool = True, on_cell=None) -> dict:
+    """Every cell, plain and speculative side by side. `on_cell(report)` gets the report so far after each
+    cell (`"complete": False` until the last), so a long sweep that is stopped keeps what it measured."""
     cells, notes, budget = plan_cells(target, drafter, cfg)                 # refuses before any work
     from tqdm import tqdm
 
     corpus = corpus_ids(tokenizer, max(c["context"] for c in cells) + 997 * max(cfg.batches))
     bar = tqdm(total=len(cells) * cfg.repeats * 2, desc="sweep", unit="run", disable=not progress)
     results = []
+
+    def report(complete: bool) -> dict:
+        return {"cells": results, "notes": notes, "config": {**asdict(cfg), "cache_budget_bytes": budget},
+                "torch_threads": torch.get_num_threads(), "complete": complete}
+
     for cell in cells:
         c, b = cell["context"], cell["batch"]
         bar.set_postfix_str(f"context {c} batch {b}")
@@ -147,9 +155,10 @@ def run_sweep(target, drafter, tokenizer, cfg: SweepConfig, progress: bool = Tru
                         "mean_al": sum(lengths) / len(lengths) if lengths else None,
                         "identical": tokens["plain"] == tokens["spec"], "cache_bytes": cell["cache_bytes"]})
         del engines
+        if on_cell is not None and len(results) < len(cells):
+            on_cell(report(False))
     bar.close()
-    return {"cells": results, "notes": notes, "config": {**asdict(cfg), "cache_budget_bytes": budget},
-            "torch_threads": torch.get_num_threads()}
+    return report(True)
 
 def sweep_table(report: dict) -> str:
     """Speedup per cell: contexts down, batch sizes across."""
@@ -210,13 +219,19 @@ def sweep(target=None, drafter=DEFAULT_DRAFTER, cfg: SweepConfig | None = None, 
         raise ConfigError("--sweep compares plain and speculative decoding: it needs a drafter, got none")
     llm = LLM(target=target, drafter=drafter, max_batch=1, max_model_len=64, adaptive_speculation=False,
               **llm_kwargs)
-    report = run_sweep(llm.target, llm.drafter, llm.tokenizer, cfg, progress)
-    report.update(target=str(target_dir_of(target)), drafter=str(drafter), numerics=llm.numerics,
-                  machine=cpu_model() if llm.target.device.type == "cpu" else torch.cuda.get_device_name())
+    about = dict(target=str(target_dir_of(target)), drafter=str(drafter), numerics=llm.numerics,
+                 machine=cpu_model() if llm.target.device.type == "cpu" else torch.cuda.get_device_name())
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "sweep.json").write_text(json.dumps(report, indent=1) + "\n")
+
+    def write(report: dict) -> None:
+        if out is not None:
+            (out / "sweep.json").write_text(json.dumps({**report, **about}, indent=1) + "\n")
+
+    report = {**run_sweep(llm.target, llm.drafter, llm.tokenizer, cfg, progress, on_cell=write), **about}
+    if out is not None:
+        write(report)
         plot_sweep(report, out / "sweep.png", f"speculative ÷ plain decode tok/s ({llm.drafter.config.kind}, "
                    f"{llm.numerics['dtype']}/{llm.numerics['quantization']}, {report['torch_threads']} thread(s))")
     return report
