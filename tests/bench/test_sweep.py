@@ -49,7 +49,7 @@ def test_a_stopped_sweep_keeps_the_cells_it_measured(tmp_path, monkeypatch):
             written.append(json.loads((tmp_path / "sweep.json").read_text()) if (tmp_path / "sweep.json").exists()
                            else None)
             on_cell(report)
-            if len(report["cells"]) == 2:
+            if len(report["cells"]) == 3:
                 raise KeyboardInterrupt
         return real(*args, on_cell=record, **kwargs)
 
@@ -57,8 +57,11 @@ def test_a_stopped_sweep_keeps_the_cells_it_measured(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         main([*SWEEP, "--contexts", "32,64", "--batches", "1,2", "--out", str(tmp_path), "--json"])
     kept = json.loads((tmp_path / "sweep.json").read_text())
-    assert [(c["context"], c["batch"]) for c in kept["cells"]] == [(32, 1), (32, 2)] and not kept["complete"]
-    assert kept["drafter"].endswith("dspark") and written[0] is None        # nothing on disk before the first cell
+    assert [(c["context"], c["batch"]) for c in kept["cells"]] == [(32, 1), (32, 2), (64, 1)]
+    assert not kept["complete"] and kept["drafter"].endswith("dspark") and written[0] is None   # none before cell 1
+    assert sweep_module.sweep_table(kept).splitlines()[-1].endswith("| not run |")   # (64, 2) was never measured
+    sweep_module.plot_sweep(kept, tmp_path / "partial.png")
+    assert (tmp_path / "partial.png").stat().st_size > 0
 
 
 def test_cells_past_the_budget_are_refused_by_name_before_any_run(tmp_path, capsys):

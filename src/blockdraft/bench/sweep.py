@@ -170,9 +170,11 @@ def sweep_table(report: dict) -> str:
             "|---|" + "---|" * len(batches)]
     for ctx in contexts:
         rows.append(f"| {ctx} | " + " | ".join(
-            f"{by[ctx, b]['speedup']:.2f}× ({by[ctx, b]['plain_tok_s']:.0f}→{by[ctx, b]['spec_tok_s']:.0f} tok/s, "
-            f"AL {by[ctx, b]['mean_al']:.2f})" for b in batches) + " |")
+            "not run" if (c := by.get((ctx, b))) is None else
+            f"{c['speedup']:.2f}× ({c['plain_tok_s']:.0f}→{c['spec_tok_s']:.0f} tok/s, AL {c['mean_al']:.2f})"
+            for b in batches) + " |")
     return "\n".join(rows)
+
 
 def plot_sweep(report: dict, path, title: str = "") -> None:
     import matplotlib
@@ -184,13 +186,17 @@ def plot_sweep(report: dict, path, title: str = "") -> None:
     contexts = sorted({c["context"] for c in cells})
     batches = sorted({c["batch"] for c in cells})
     by = {(c["context"], c["batch"]): c for c in cells}
-    grid = [[by[ctx, b]["speedup"] for b in batches] for ctx in contexts]
+    # a stopped sweep's report lacks its last cells: blank (NaN) in the grid
+    grid = [[by[ctx, b]["speedup"] if (ctx, b) in by else float("nan") for b in batches] for ctx in contexts]
     fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(batches), 1.2 + 0.8 * len(contexts)))
-    span = max(abs(v - 1) for row in grid for v in row) or 0.1
+    span = max(abs(v - 1) for row in grid for v in row if v == v) or 0.1
     im = ax.imshow(grid, cmap="RdYlGn", vmin=1 - span, vmax=1 + span, aspect="auto")
     for i, ctx in enumerate(contexts):
         for j, b in enumerate(batches):
-            cell = by[ctx, b]
+            cell = by.get((ctx, b))
+            if cell is None:
+                ax.text(j, i, "not run", ha="center", va="center", fontsize=8)
+                continue
             dark = abs(cell["speedup"] - 1) > 0.6 * span
             ax.text(j, i, f"{cell['speedup']:.2f}×\nAL {cell['mean_al']:.2f}", ha="center", va="center", fontsize=8,
                     color="white" if dark else "black")
