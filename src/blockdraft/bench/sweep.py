@@ -236,8 +236,8 @@ def sweep(target=None, drafter=DEFAULT_DRAFTER, cfg: SweepConfig | None = None, 
             (out / "sweep.json").write_text(json.dumps({**report, **about}, indent=1) + "\n")
 
     report = {**run_sweep(llm.target, llm.drafter, llm.tokenizer, cfg, progress, on_cell=write), **about}
+    write(report)
     if out is not None:
-        write(report)
         plot_sweep(report, out / "sweep.png", f"speculative ÷ plain decode tok/s ({llm.drafter.config.kind}, "
                    f"{llm.numerics['dtype']}/{llm.numerics['quantization']}, {report['torch_threads']} thread(s))")
     return report

@@ -6,6 +6,7 @@ stderr and exit 2; `--debug` shows the traceback instead.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from . import bench, convert, evaluate, export, generate, serve, train
@@ -14,9 +15,7 @@ from .args import HelpFormatter
 COMMANDS = (generate, serve, convert, train, export, bench, evaluate)      # in `blockdraft --help`'s order
 
 
-def build_parser():
-    import argparse
-
+def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
     parser = argparse.ArgumentParser(prog="blockdraft", description="Lossless speculative decoding with block "

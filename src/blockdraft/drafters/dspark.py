@@ -165,18 +165,21 @@ def check(cfg) -> None:
         raise ConfigError(f"markov_rank={cfg.markov_rank}: DSpark needs a Markov head of rank > 0")
 
 
+HEAD_FIELDS = ("markov_rank", "enable_confidence_head")     # set (nonzero / true): the drafter has DSpark heads
+
+
+def _heads_switched_on(read) -> list[str]:
+    """`field=value` for each of HEAD_FIELDS that `read(field)` gives set."""
+    return [f"{name}={value}" for name in HEAD_FIELDS if (value := read(name))]
+
+
 def claims(cfg) -> list[str]:
-    return [f"{name}={getattr(cfg, name)}" for name in ("markov_rank", "enable_confidence_head")
-            if getattr(cfg, name)]
+    return _heads_switched_on(lambda name: getattr(cfg, name))
 
 
 def evidence(read, shapes: dict) -> list[str]:
     """Head tensors in the weights, or a Markov rank / confidence head switched on in the config."""
-    found = [n for n in shapes if n.startswith(("markov_head.", "confidence_head."))]
-    for name in ("markov_rank", "enable_confidence_head"):
-        if read(name):
-            found.append(f"{name}={read(name)}")
-    return found
+    return [n for n in shapes if n.startswith(("markov_head.", "confidence_head."))] + _heads_switched_on(read)
 
 
 def add_heads(drafter: nn.Module, cfg) -> None:

@@ -23,10 +23,12 @@ checks that.
 from __future__ import annotations
 
 import importlib
-import json
 import inspect
+import json
 import random
 from pathlib import Path
+
+from ..errors import CheckpointError, RequestError
 
 STDLIB_MODULES = ("string", "textwrap", "statistics", "heapq", "bisect", "itertools", "functools", "os.path",
                   "shutil", "json", "base64", "binascii", "html", "urllib.parse", "fnmatch", "glob", "difflib",
@@ -164,13 +166,9 @@ def self_instruct(llm, n: int, seed: int = 0, max_tokens: int = 48, openers: tup
 
 def read_prompts(path: str) -> list[str]:
     """Prompts from a file: one per non-empty line, or a JSONL file's `prompt` fields (named errors)."""
-    from ..errors import CheckpointError
-
     p = Path(path)
     if not p.is_file():
         raise CheckpointError(f"missing file: {p}")
-    from ..errors import RequestError
-
     lines = [(i, line) for i, line in enumerate(p.read_text().splitlines(), 1) if line.strip()]
     if p.suffix != ".jsonl":
         return [line for _, line in lines]
@@ -189,8 +187,6 @@ def read_prompts(path: str) -> list[str]:
 def builtin_prompts(llm, spec: str) -> list[str]:
     """`builtin[:N]`: N prompts (default 240) from this module's offline sources, 3:2.5:1.5 self-instruct,
     stdlib code and templated arithmetic."""
-    from ..errors import RequestError
-
     _, _, n = spec.partition(":")
     try:
         total = int(n) if n else 240
