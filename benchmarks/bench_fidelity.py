@@ -29,7 +29,7 @@ def main() -> int:
     import blockdraft
     from blockdraft.bench.prompt_sets import load_set
     from blockdraft.default_model import smollm2_dir
-    from blockdraft.layers.quant import quantize_target
+    from blockdraft.layers.quant import kernels_in, quantize_target, scheme_of
     from blockdraft.loading import load_target
 
     llm = blockdraft.LLM(drafter="none", dtype="float32")          # the exact model: fp32, unquantized
@@ -60,7 +60,7 @@ def main() -> int:
                 kl.append((ref.exp() * (ref - logp)).sum(-1).mean().item())
         report["numerics"][name] = {"top1_agreement_with_fp32": statistics.mean(agree),
                                     "mean_kl_from_fp32": statistics.mean(kl),
-                                    "kernel": getattr(model, "quantization_kernel", None)}
+                                    "kernel": kernels_in(model) if scheme_of(model) != "none" else None}
         print(f"{name}: top-1 agreement {statistics.mean(agree):.4f}, KL {statistics.mean(kl):.5f}", flush=True)
     write_results("fidelity", report)
     print(json.dumps(report, indent=1))

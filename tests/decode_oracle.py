@@ -90,7 +90,7 @@ def append_committed(tokens: list[int], new: list[int], room: int, stop: StopCri
 def generate_one(target: TargetModel, prompt_ids: list[int], params: SamplingParams,
                  drafter: BlockDrafter | None = None, stop: StopCriteria | None = None,
                  confidence_threshold: float = 0.0) -> Generation:
-    check_request(target, prompt_ids, params)
+    check_request(target.config, prompt_ids, params)
     stop = stop or StopCriteria()
     generator = params.generator(target.device)
     taps = drafter.config.taps if drafter is not None else ()

@@ -22,7 +22,7 @@ from .default_model import DEFAULT_DRAFTER, DEFAULT_DRAFTERS, NAME
 from .drafters import registry as drafter_kinds
 from .engine.engine import EngineConfig, LLMEngine, RequestOutput, default_cache_budget
 from .errors import ConfigError, RequestError
-from .loading import load_drafter, load_target
+from .loading import load_models
 from .numerics import describe, resolve_device, resolve_dtype, resolve_quantization
 from .sampling.params import SamplingParams
 from .tokenizer import TextStream, Tokenizer
@@ -118,13 +118,11 @@ class LLM:
         started = time.perf_counter()
         log.info("loading target %s (%s%s, %s)", target_dir, dtype,
                  "" if quantization == "none" else f", {quantization} weights", device)
-        self.target = load_target(target_dir, dtype, quantization, device)
-        self.numerics = describe(self.target.dtype, getattr(self.target, "quantization", "none"),
-                                 getattr(self.target, "quantization_kernel", None), device)
         if drafter_dir is not None:
             log.info("loading drafter %s", drafter_dir)
-        self.drafter = load_drafter(drafter_dir, self.target, mode=mode, block_size=block_size) \
-            if drafter_dir is not None else None
+        self.models = load_models(target_dir, drafter_dir, dtype, quantization, device, mode, block_size)
+        self.target, self.drafter = self.models.target, self.models.drafter
+        self.numerics = describe(self.target.dtype, self.models.quantization, self.models.kernel, device)
         self.tokenizer = Tokenizer(target_dir) if (target_dir / "tokenizer.json").is_file() else None
         self.max_batch = max_batch
         self.confidence_threshold = confidence_threshold
@@ -174,7 +172,7 @@ class LLM:
 
     def _need_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
-            raise RequestError(f"{self.target.source_dir} has no tokenizer.json; pass prompt_token_ids")
+            raise RequestError(f"{self.models.target_dir} has no tokenizer.json; pass prompt_token_ids")
         return self.tokenizer
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:

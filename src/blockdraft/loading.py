@@ -1,9 +1,12 @@
-"""Directories → ready models: `load_target(dir)` and `load_drafter(dir, target)`.
+"""Directories → ready models: `load_models(target_dir, drafter_dir)` → `LoadedModels`, or one at a
+time, `load_target(dir)` and `load_drafter(dir, target)`.
 
 Reads config.json (+ an optional ORT-GenAI `genai_config.json`), resolves it once
 into a frozen config, checks it against the target, builds on the meta device
 and assigns the safetensors. Everything that can be wrong with a checkpoint is
-reported here, before any generation starts.
+reported here, before any generation starts. What loading learned that is not the modules' own
+(where they came from, what the checkpoint held that the decoder does not run, the numerics and
+kernels chosen) is in the `LoadedModels` record.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from .checkpoints.weights import assign_weights, load_state_dict, read_json, str
 from .config import DrafterConfig, TargetConfig
 from .errors import ConfigError
 from .layers.linear import plan_linears
-from .layers.quant import check_scheme, quantize_drafter, quantize_target
+from .layers.quant import check_scheme, kernels_in, quantize_drafter, quantize_target, scheme_of
 from .models.drafter import BlockDrafter
 from .models.registry import family_of
 from .models.target import TargetModel
@@ -29,12 +32,45 @@ from .numerics import torch_dtype
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class LoadedModels:
+    """A target and its drafter as loaded, with what loading learned about them."""
+
+    target: TargetModel
+    drafter: BlockDrafter | None
+    target_dir: Path
+    drafter_dir: Path | None
+    skipped_tensors: dict[str, int]     # checkpoint tensors the text decoder does not run, counted by prefix
+    quantization: str                   # the target's weight scheme ("none", "int8", "int4", "int4-a8")
+    kernel: str | None                  # the kernels its quantized layers run, e.g. "qgemm amx" (None: unquantized)
+
+
+def load_models(target_dir: str | Path, drafter_dir: str | Path | None = None, dtype: str | torch.dtype = "float32",
+                quantization: str | None = None, device: str | torch.device = "cpu", mode: str | None = None,
+                block_size: int | None = None) -> LoadedModels:
+    """The target in `target_dir` (`load_target`) and, where given, the drafter in `drafter_dir` bound to it
+    (`load_drafter`), as one record."""
+    target_dir = Path(target_dir)
+    target, skipped = _load_target(target_dir, dtype, quantization, device)
+    drafter = None
+    if drafter_dir is not None:
+        drafter = load_drafter(drafter_dir, target, mode, block_size, target_dir=target_dir)
+    scheme = scheme_of(target)
+    return LoadedModels(target, drafter, target_dir, None if drafter_dir is None else Path(drafter_dir), skipped,
+                        scheme, kernels_in(target) if scheme != "none" else None)
+
+
 def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
                 quantization: str | None = None, device: str | torch.device = "cpu") -> TargetModel:
     """A HF causal-LM directory (config.json + safetensors, sharded or not; `supported-models.md` lists the
     architectures) -> TargetModel. `quantization` int8 / int4: weight-only layers (`layers/quant.py`),
     bf16 activations, CPU."""
-    model_dir = Path(model_dir)
+    return _load_target(Path(model_dir), dtype, quantization, device)[0]
+
+
+def _load_target(model_dir: Path, dtype: str | torch.dtype, quantization: str | None,
+                 device: str | torch.device) -> tuple[TargetModel, dict[str, int]]:
+    """`load_target`, and the checkpoint's tensors it set aside, counted by prefix."""
     scheme = check_scheme(quantization, torch_dtype(dtype), device)
     cfg = resolve_target(read_json(model_dir / "config.json"))
     cfg = dataclasses.replace(cfg, eos_token_ids=_generation_eos(model_dir, cfg.eos_token_ids))
@@ -48,10 +84,8 @@ def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
     model.tie_weights()
     quantize_target(model, scheme)
     model.to(device)
-    model.source_dir = model_dir
-    model.skipped_tensors = skipped
     plan_linears(model)                              # measure the row-invariant kernel plans now
-    return model.eval().requires_grad_(False)
+    return model.eval().requires_grad_(False), skipped
 
 
 def _generation_eos(model_dir: Path, eos: tuple[int, ...]) -> tuple[int, ...]:
@@ -131,14 +165,14 @@ def refuse_embedded_drafter(drafter_dir: Path, target_dir: Path | None) -> None:
 
 
 def load_drafter(drafter_dir: str | Path, target: TargetModel, mode: str | None = None,
-                 block_size: int | None = None) -> BlockDrafter:
-    """A z-lab DFlash / DFlash2 or DeepSeek DSpark directory -> BlockDrafter bound to `target`.
-
-    `block_size` overrides the trained block length (as `dflash_generate(block_size=...)` does).
+                 block_size: int | None = None, target_dir: str | Path | None = None) -> BlockDrafter:
+    """A z-lab DFlash / DFlash2 or DeepSeek DSpark directory -> BlockDrafter bound to `target`, in the
+    target's numerics. `block_size` overrides the trained block length (as `dflash_generate(block_size=...)`
+    does); `target_dir`, where known, is refused as a drafter directory unless it embeds a drafter.
     """
     drafter_dir = Path(drafter_dir)
     raw = read_json(drafter_dir / "config.json")
-    refuse_embedded_drafter(drafter_dir, getattr(target, "source_dir", None))
+    refuse_embedded_drafter(drafter_dir, None if target_dir is None else Path(target_dir))
     runtime_path = drafter_dir / "genai_config.json"
     runtime = read_json(runtime_path) if runtime_path.is_file() else None
     tensors = canonical_tensor_names(strip_prefix(load_state_dict(drafter_dir), "model.", "drafter"))
@@ -156,8 +190,7 @@ def load_drafter(drafter_dir: str | Path, target: TargetModel, mode: str | None 
         drafter = BlockDrafter(cfg, target)
     assign_weights(drafter, tensors, target.dtype, f"drafter {drafter_dir}")
     drafter.to(target.device)                        # the drafter lives where its target does
-    quantize_drafter(drafter, getattr(target, "quantization", "none"))   # ... and in its numerics
+    quantize_drafter(drafter, scheme_of(target))     # ... and in its numerics
     drafter.check_vocab_map(f"drafter {drafter_dir}")
-    drafter.source_dir = drafter_dir
     plan_linears(drafter)
     return drafter.eval().requires_grad_(False)

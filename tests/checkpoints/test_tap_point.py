@@ -14,7 +14,7 @@ from blockdraft.checkpoints.publish import new_drafter, published_config
 from blockdraft.checkpoints.resolve import resolve_drafter
 from blockdraft.config import Taps
 from blockdraft.errors import ConfigError
-from blockdraft.loading import load_drafter
+from blockdraft.loading import load_drafter, load_models
 from conftest import ASSETS
 
 SHIPPED = ASSETS.parent / "smollm2"
@@ -98,7 +98,9 @@ def test_embedded_dspark_drafter_is_recognised_and_refused(target, tmp_path):
     with pytest.raises(ConfigError, match=r"embedded DSpark drafter \(1 tensors under mtp\.\*"):
         load_drafter(embedded, target)
     with pytest.raises(ConfigError, match="is the target itself"):
-        load_drafter(ASSETS / "target-qwen3", target)
+        load_models(ASSETS / "target-qwen3", ASSETS / "target-qwen3")
+    with pytest.raises(ConfigError, match="is the target itself"):
+        load_drafter(ASSETS / "target-qwen3", target, target_dir=ASSETS / "target-qwen3")
 
 
 def test_cli_refuses_the_target_as_its_own_drafter(capsys):

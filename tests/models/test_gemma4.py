@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 import hybrid_models as hm
 from blockdraft.errors import CheckpointError, ConfigError
-from blockdraft.loading import load_drafter, load_target
+from blockdraft.loading import load_drafter, load_models, load_target
 
 PROMPT = torch.tensor([[5, 17, 3, 88, 41, 9, 60, 2, 33, 71, 12]])     # 11 tokens > window 4
 
@@ -23,12 +23,12 @@ def checkpoint(root, moe=False, multimodal=False):
                          ids=["dense", "moe", "moe-multimodal"])
 def test_logits_and_greedy_match_transformers(hybrid_root, moe, multimodal):
     hf = hm.gemma4_model(moe, multimodal)
-    ours = load_target(checkpoint(hybrid_root, moe, multimodal), dtype="float32")
-    c = ours.config
+    loaded = load_models(checkpoint(hybrid_root, moe, multimodal), dtype="float32")
+    ours, c = loaded.target, loaded.target.config
     assert c.attention_layers == [2] and c.state_layers == [0, 1, 3, 4]     # layers 5-7 reuse 2 and 4
     assert [c.kv_source(i) for i in (5, 6, 7)] == [2, 4, 2] and c.kv_geometry(2) == ((1, 32) if moe else (2, 32))
     if multimodal:
-        assert set(ours.skipped_tensors) >= {"model.vision_tower.*", "model.audio_tower.*"}
+        assert set(loaded.skipped_tensors) >= {"model.vision_tower.*", "model.audio_tower.*"}
     with torch.no_grad():
         generated = hf.generate(PROMPT, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
         ref = hf(generated).logits
@@ -59,8 +59,9 @@ def test_published_shared_layer_kv_tensors_are_set_aside(hybrid_root, tmp_path):
         tensors[f"model.layers.{i}.self_attn.k_proj.weight"] = torch.zeros(32, 64)
         tensors[f"model.layers.{i}.self_attn.k_norm.weight"] = torch.ones(16)
     save_file(tensors, str(dst / "model.safetensors"))
-    ours = load_target(dst, dtype="float32")
-    assert ours.skipped_tensors == {"shared-KV layers' k/v *": 6}
+    loaded = load_models(dst, dtype="float32")
+    ours = loaded.target
+    assert loaded.skipped_tensors == {"shared-KV layers' k/v *": 6}
     assert torch.equal(ours.logits(PROMPT), load_target(checkpoint(hybrid_root), dtype="float32").logits(PROMPT))
 
 

@@ -11,7 +11,7 @@ from decode_oracle import generate_one
 from blockdraft.cache.paged import PagedKVPool, PagedStep, pad_tables
 from blockdraft.errors import ConfigError
 from blockdraft.layers import cpu_kernels as kernels
-from blockdraft.layers.quant import QuantizedLinear, check_scheme
+from blockdraft.layers.quant import QuantizedLinear, check_scheme, scheme_of
 from blockdraft.llm import LLM
 from blockdraft.numerics import cpu_flags
 from blockdraft.loading import load_drafter, load_target
@@ -180,7 +180,7 @@ def test_8bit_activations_are_another_model_close_to_int4():
     activations, the weights are int4's, and the logits stay close to int4's (not equal)."""
     a16 = load_target(ASSETS / "target-qwen3", "bfloat16", "int4")
     a8 = load_target(ASSETS / "target-qwen3", "bfloat16", "int4-a8")
-    assert a8.quantization == "int4-a8" and a8.lm_head.scheme == "int8_g32-a8" and a8.lm_head.act_bits == 8
+    assert scheme_of(a8) == "int4-a8" and a8.lm_head.scheme == "int8_g32-a8" and a8.lm_head.act_bits == 8
     assert all(m.act_bits == 8 for m in a8.modules() if isinstance(m, QuantizedLinear))
     assert torch.equal(a8.layers[0].mlp.down_proj.qweight, a16.layers[0].mlp.down_proj.qweight)
     ids = torch.randint(0, a8.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(9))

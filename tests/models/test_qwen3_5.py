@@ -19,7 +19,7 @@ from blockdraft.errors import CheckpointError, ConfigError
 from blockdraft.layers import cpu_kernels
 from blockdraft.layers.deltanet import delta_rule
 from blockdraft.layers.elementwise import lanewise
-from blockdraft.loading import load_drafter, load_target
+from blockdraft.loading import load_drafter, load_models, load_target
 
 LAYOUTS = [(False, False), (False, True), (True, False), (True, True)]
 LAYOUT_IDS = ["dense", "dense-multimodal", "moe", "moe-multimodal"]
@@ -28,7 +28,8 @@ LAYOUT_IDS = ["dense", "dense-multimodal", "moe", "moe-multimodal"]
 @pytest.mark.parametrize("moe,multimodal", LAYOUTS, ids=LAYOUT_IDS)
 def test_logits_and_greedy_match_transformers(hybrid_root, moe, multimodal):
     hf = hm.hf_model(moe, multimodal)
-    ours = load_target(hm.checkpoint(str(hybrid_root), moe, multimodal), dtype="float32")
+    loaded = load_models(hm.checkpoint(str(hybrid_root), moe, multimodal), dtype="float32")
+    ours = loaded.target
     prompt = torch.tensor([[5, 17, 3, 88, 41, 9, 60, 2, 33, 71, 12]])
     with torch.no_grad():
         generated = hf.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -38,7 +39,7 @@ def test_logits_and_greedy_match_transformers(hybrid_root, moe, multimodal):
     # greedy decoding with our cache (prefill, then one row a step) gives transformers' tokens
     assert hm.greedy_with_cache(ours, prompt, 20) == generated[0].tolist()
     if multimodal:
-        assert ours.skipped_tensors.get("model.visual.*", 0) > 0
+        assert loaded.skipped_tensors.get("model.visual.*", 0) > 0
 
 
 def test_mtp_and_vision_tensors_are_skipped_by_name(hybrid_root, tmp_path):
@@ -48,8 +49,8 @@ def test_mtp_and_vision_tensors_are_skipped_by_name(hybrid_root, tmp_path):
     tensors = load_file(str(dst / "model.safetensors"))
     tensors["mtp.fc.weight"] = torch.zeros(4, 4)
     save_file(tensors, str(dst / "model.safetensors"))
-    target = load_target(dst)
-    assert target.skipped_tensors["mtp.*"] == 1 and target.skipped_tensors["model.visual.*"] > 0
+    skipped = load_models(dst).skipped_tensors
+    assert skipped["mtp.*"] == 1 and skipped["model.visual.*"] > 0
 
 
 def _bad_config(hybrid_root, tmp_path, edit) -> object:
@@ -94,12 +95,12 @@ def test_drafter_taps_outside_the_target_are_a_named_error(hybrid_root):
 
 
 def test_int4_hybrid_target_runs_its_projections_quantized(hybrid_root):
-    from blockdraft.layers.quant import QuantizedLinear
+    from blockdraft.layers.quant import QuantizedLinear, scheme_of
     target = load_target(hm.checkpoint(str(hybrid_root)), dtype="bfloat16", quantization="int4")
     deltanet, attention = target.layers[0].linear_attn, target.layers[3].self_attn
     assert all(isinstance(m, QuantizedLinear) for m in (deltanet.in_proj_qkv, deltanet.out_proj, attention.q_proj,
                                                         attention.o_proj, target.layers[0].mlp.down_proj))
-    assert target.quantization == "int4" and target.fused is None
+    assert scheme_of(target) == "int4" and target.fused is None
     ref = load_target(hm.checkpoint(str(hybrid_root)), dtype="float32").logits([[5, 17, 3, 88, 41]])
     got = target.logits([[5, 17, 3, 88, 41]]).float()
     assert torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.98

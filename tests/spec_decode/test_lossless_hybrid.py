@@ -7,6 +7,8 @@ lengths and after preemption, and per-step acceptance lengths equal a cache-free
 the whole sequence each step. Sampling: the chi-square test of the dense targets.
 """
 
+from pathlib import Path
+
 import pytest
 import hybrid_models as hm
 from blockdraft.loading import load_target
@@ -96,8 +98,9 @@ def test_sliding_layers_are_billed_their_window_and_full_layers_their_pages(hybr
     K ‖ V per sequence (billed for every batch row); only full layers that keep their own K/V get pages,
     at the full layers' geometry (Gemma 4: `per_layer_config`). What is billed is what is allocated."""
     import json
-    target = load_target(hm.checkpoint(str(hybrid_root), moe, arch=arch), dtype="bfloat16")
-    cfg = json.loads((target.source_dir / "config.json").read_text())
+    source = Path(hm.checkpoint(str(hybrid_root), moe, arch=arch))
+    target = load_target(source, dtype="bfloat16")
+    cfg = json.loads((source / "config.json").read_text())
     layers, window = cfg["num_hidden_layers"], cfg["sliding_window"]
     own = range(layers - (cfg.get("num_kv_shared_layers") or 0))              # layers that keep their own K/V
     full_geometry = next(iter((cfg.get("per_layer_config") or {}).values()), {})

@@ -94,7 +94,7 @@ def run_bench(target_dir: Path, drafter_dirs: dict[str, Path], cfg: BenchConfig,
     """`tp`: a TPGroup when this is one rank of a tensor-parallel run (models are sharded; rank 0
     alone runs the HF baseline and shows progress)."""
     target = load_target(target_dir, cfg.dtype, cfg.quantization, cfg.device)
-    drafters = {name: load_drafter(path, target) for name, path in drafter_dirs.items()}
+    drafters = {name: load_drafter(path, target, target_dir=target_dir) for name, path in drafter_dirs.items()}
     if tp is not None and tp.world > 1:
         from ..parallel.shard import shard_models
 

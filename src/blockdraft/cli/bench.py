@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         target = load_target(target_dir, cfg.dtype)
         check_tp(args.tp, target.config)
         for path in drafters.values():
-            check_tp(args.tp, target.config, load_drafter(path, target).config)
+            check_tp(args.tp, target.config, load_drafter(path, target, target_dir=target_dir).config)
         report = run_tp(args.tp, bench_task, (target_dir, drafters, cfg))
         if report is None:                   # a non-zero torchrun rank
             return 0

@@ -65,7 +65,7 @@ def _target_report(llm) -> dict:
     """What `--json` says of the target: its architecture, the checkpoint tensors it does not run, and
     whether prefix-cache hits are served (and why not)."""
     return {"architecture": llm.target.config.architecture,
-            "skipped_tensors": getattr(llm.target, "skipped_tensors", {}),
+            "skipped_tensors": llm.models.skipped_tensors,
             "prefix_caching": getattr(llm.engine, "prefix_caching_off", None) or "on"}
 
 
@@ -80,7 +80,7 @@ def _generate_tp(args: argparse.Namespace) -> int:
     llm = tp_probe(args, kwargs)
     params = sampling_params(args)
     prompt_ids = llm.encode(args.prompt, args.chat) if args.prompt is not None else args.prompt_ids
-    check_request(llm.target, prompt_ids, params)
+    check_request(llm.target.config, prompt_ids, params)
     kind, numerics = None if llm.drafter is None else llm.drafter.config.kind, llm.numerics
     del llm
     result = run_tp(args.tp, generate_task, GenerateJob(kwargs, (tuple(prompt_ids),), params))

@@ -10,11 +10,12 @@ from ..errors import RequestError
 from ..sampling.params import SamplingParams
 
 
-def check_request(target, prompt_ids: list[int], params: SamplingParams, max_model_len: int | None = None) -> None:
+def check_request(model, prompt_ids: list[int], params: SamplingParams, max_model_len: int | None = None) -> None:
     """Refuse an empty prompt, ids outside the vocabulary, or prompt + max_tokens past the context:
     the target's, or the engine's `max_model_len` when it is shorter (`field`: prompt, or max_tokens
-    when the prompt alone fits)."""
-    vocab_size, context_length = target.config.vocab_size, target.config.max_position_embeddings
+    when the prompt alone fits). `model`: anything with the target's `vocab_size` and
+    `max_position_embeddings` (its config, the engine's `ModelSpec`)."""
+    vocab_size, context_length = model.vocab_size, model.max_position_embeddings
     limit_name = "max_position_embeddings"
     if max_model_len is not None and max_model_len < context_length:
         context_length, limit_name = max_model_len, "max_model_len"

@@ -25,10 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from ..cache.block_manager import BlockManager
-from ..cache.paged import PagedKVPool
-from ..cache.ring import DrafterRing
-from ..cache.state import ROLLBACKS, StatePool
-from ..cache.plan import PAGE_SIZE, CachePlan, KVGeometry, budget_for, plan_cache
+from ..cache.state import ROLLBACKS
+from ..cache.plan import PAGE_SIZE, CachePlan, plan_cache
 from .admission import check_request
 from ..errors import ConfigError, RequestError
 from ..models.drafter import BlockDrafter
@@ -38,6 +36,7 @@ from .policy import DraftWidthPolicy
 from .runner import ModelRunner, StepRunner
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .spec import ModelSpec
 from .threads import ThreadChoice
 from .telemetry import EngineStats, Rates
 
@@ -90,80 +89,57 @@ class RequestOutput(Rates):
 
 class LLMEngine:
     def __init__(self, target: TargetModel, drafter: BlockDrafter | None = None,
-                 config: EngineConfig | None = None, eos_ids: frozenset[int] = frozenset(), decode=None,
-                 runner=None):
-        """`runner(plan)` builds another backend's runner over the cache plan (`onnx_runner.py`);
-        by default the torch modules run on paged pools allocated here."""
-        self.config = config or EngineConfig()
+                 config: EngineConfig | None = None, eos_ids: frozenset[int] = frozenset(), decode=None):
+        """The engine over torch modules: the target and drafter on paged pools the cache plan sizes."""
+        config = config or EngineConfig()
         self.target, self.drafter = target, drafter
-        tc = target.config
-        self.max_model_len = self.config.max_model_len or tc.max_position_embeddings
-        self.lookahead = drafter.config.num_draft_tokens if drafter is not None else 0
-        if self.config.num_speculative_tokens is not None:
-            self.lookahead = min(self.lookahead, self.config.num_speculative_tokens)
-        target_geo = KVGeometry.of(tc, target, len(tc.attention_layers))
-        full_layers, ring_layers, full_geo, ring_geo, window = [], [], None, None, None
-        prefix_caching = self.config.prefix_caching
+        self._start(ModelSpec.of(target, drafter), config, eos_ids, decode,
+                    lambda plan: ModelRunner.on_pools(target, drafter, plan, config.max_batch,
+                                                      config.confidence_threshold, config.state_rollback),
+                    adaptive_threads=target.device.type == "cpu")
+
+    @classmethod
+    def over(cls, spec: ModelSpec, runner, config: EngineConfig | None = None, eos_ids: frozenset[int] = frozenset(),
+             decode=None) -> "LLMEngine":
+        """The engine over models another backend runs: `runner(plan)` builds that backend's `StepRunner`
+        on the cache plan (`onnx_runner.py`)."""
+        engine = cls.__new__(cls)
+        engine.target = engine.drafter = None
+        engine._start(spec, config or EngineConfig(), eos_ids, decode, runner, adaptive_threads=False)
+        return engine
+
+    def _start(self, spec: ModelSpec, config: EngineConfig, eos_ids: frozenset[int], decode, runner,
+               adaptive_threads: bool) -> None:
+        self.spec, self.config = spec, config
+        self.max_model_len = config.max_model_len or spec.max_position_embeddings
+        self.lookahead = spec.lookahead
+        if config.num_speculative_tokens is not None:
+            self.lookahead = min(self.lookahead, config.num_speculative_tokens)
+        prefix_caching = config.prefix_caching
         self.prefix_caching_off: str | None = None if prefix_caching else "off in EngineConfig"
-        state_bytes = 0
-        if tc.hybrid:
-            state_bytes = tc.state_layout.bytes_per_slot(target.dtype)
-            if prefix_caching:
-                prefix_caching = False
-                kinds = "/".join(sorted({tc.layer_type(i) for i in tc.state_layers}))
-                self.prefix_caching_off = (f"refused for {tc.architecture}: its {kinds} layers keep a per-sequence "
-                                           "state (a recurrent state, conv rows or a sliding window's K/V), and a "
-                                           "prefix hit would need that state at the block boundary")
-        if drafter is not None:
-            dc = drafter.config
-            ring_layers = [i for i in range(dc.num_layers) if dc.layer_window(i)]
-            full_layers = [i for i in range(dc.num_layers) if not dc.layer_window(i)]
-            if full_layers:
-                full_geo = KVGeometry.of(dc, drafter, len(full_layers))
-            if ring_layers:
-                ring_geo, window = KVGeometry.of(dc, drafter, len(ring_layers)), dc.sliding_window
-                if prefix_caching:  # a ring holds one sequence's recent rows: nothing to share
-                    prefix_caching = False
-                    self.prefix_caching_off = "off: the drafter's sliding-window ring holds one sequence's rows"
-        self.plan: CachePlan = plan_cache(self.config.cache_budget_bytes, self.config.page_size,
-                                          self.config.max_batch, self.max_model_len, self.lookahead + 1,
-                                          target_geo, full_geo, window,
-                                          drafter.config.block_size if drafter is not None else 0, ring_geo,
-                                          state_bytes)
-        n, bs = self.plan.num_blocks, self.plan.page_size
-        self.blocks = BlockManager(n, bs, prefix_caching)
-        self.runner: StepRunner = (runner(self.plan) if runner is not None
-                                   else self._torch_runner(target, drafter, full_layers, ring_layers, window))
-        self.policy = DraftWidthPolicy(self.lookahead, self.config.adaptive_speculation)
-        self.threads = ThreadChoice(enabled=self.config.adaptive_threads and runner is None
-                                    and target.device.type == "cpu")
+        if prefix_caching and spec.no_prefix_sharing:
+            prefix_caching, self.prefix_caching_off = False, spec.no_prefix_sharing
+        d = spec.drafter
+        if prefix_caching and d is not None and d.ring_layers:   # a ring holds one sequence's recent rows
+            prefix_caching = False
+            self.prefix_caching_off = "off: the drafter's sliding-window ring holds one sequence's rows"
+        self.plan: CachePlan = plan_cache(config.cache_budget_bytes, config.page_size, config.max_batch,
+                                          self.max_model_len, self.lookahead + 1, spec.kv,
+                                          d.layer_kv(d.full_layers) if d else None,
+                                          d.window if d and d.ring_layers else None, d.block_size if d else 0,
+                                          d.layer_kv(d.ring_layers) if d else None, spec.state_bytes)
+        n = self.plan.num_blocks
+        self.blocks = BlockManager(n, self.plan.page_size, prefix_caching)
+        self.runner: StepRunner = runner(self.plan)
+        self.policy = DraftWidthPolicy(self.lookahead, config.adaptive_speculation)
+        self.threads = ThreadChoice(enabled=config.adaptive_threads and adaptive_threads)
         self._load_policy()
         self.stats = EngineStats(blocks_total=n, blocks_free=n)
-        self.scheduler = Scheduler(self.blocks, self.config.max_batch, self.lookahead, self.config.prefill_chunk,
-                                   self.policy, self.stats, eos_ids, decode, drafter is not None,
+        self.scheduler = Scheduler(self.blocks, config.max_batch, self.lookahead, config.prefill_chunk,
+                                   self.policy, self.stats, eos_ids, decode, d is not None,
                                    self.runner.ring, self.runner.states)
         self.seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
-
-    def _torch_runner(self, target, drafter, full_layers, ring_layers, window) -> ModelRunner:
-        """The torch modules' runner, with the paged pools (and a drafter ring) the plan sizes."""
-        n, bs, tc = self.plan.num_blocks, self.plan.page_size, target.config
-        target_pool = PagedKVPool(tc.attention_layers, n, bs, *tc.paged_kv_geometry, target.dtype,
-                                  target.device)
-        states = None
-        if tc.hybrid:
-            states = StatePool(tc.state_layout, self.config.max_batch, target.dtype, target.device,
-                               self.config.state_rollback)
-        drafter_pool = ring = None
-        if drafter is not None:
-            dc = drafter.config
-            drafter_pool = PagedKVPool(full_layers, n if full_layers else 0, bs, dc.num_kv_heads, dc.head_dim,
-                                       drafter.dtype, target.device)
-            if ring_layers:
-                ring = DrafterRing(ring_layers, self.config.max_batch, window, dc.block_size, dc.num_kv_heads,
-                                   dc.head_dim, drafter.dtype, target.device)
-        return ModelRunner(target, drafter, target_pool, drafter_pool, self.config.confidence_threshold, ring,
-                           states)
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -177,7 +153,7 @@ class LLMEngine:
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         params = params or SamplingParams()
-        check_request(self.target, prompt_ids, params, self.max_model_len)
+        check_request(self.spec, prompt_ids, params, self.max_model_len)
         needed = self.blocks.blocks_for(len(prompt_ids) + params.max_tokens + self.lookahead + 1)
         if needed > self.plan.num_blocks:
             raise RequestError(f"request needs {needed} cache pages but the budget holds {self.plan.num_blocks}",
@@ -186,7 +162,7 @@ class LLMEngine:
         rid = request_id or f"req-{order}"
         if rid in self.seqs:
             raise RequestError(f"request_id {rid!r} is already in use")
-        seq = Sequence(rid, list(prompt_ids), params, order, params.generator(self.target.device))
+        seq = Sequence(rid, list(prompt_ids), params, order, params.generator(self.spec.device))
         self.seqs[rid] = seq
         self.scheduler.add(seq)
         return rid
@@ -309,14 +285,7 @@ class LLMEngine:
 
 def default_cache_budget(target: TargetModel, drafter: BlockDrafter | None, max_len: int, max_batch: int) -> int:
     """Room for `max_batch` sequences of `max_len` tokens (+ lookahead), target and drafter KV."""
-    tc = target.config
-    geo = KVGeometry.of(tc, target, len(tc.attention_layers))
-    state = tc.state_layout.bytes_per_slot(target.dtype) if tc.hybrid else 0
-    if drafter is None:
-        return budget_for(max_batch, max_len, geo, state_bytes_per_seq=state)
-    dc = drafter.config
-    return budget_for(max_batch, max_len, geo, KVGeometry.of(dc, drafter), dc.num_draft_tokens, dc.sliding_window,
-                      dc.block_size, state_bytes_per_seq=state)
+    return ModelSpec.of(target, drafter).cache_budget(max_len, max_batch)
 
 
 def sized_engine(target: TargetModel, drafter: BlockDrafter | None, max_batch: int, max_len: int,

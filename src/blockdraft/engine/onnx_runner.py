@@ -20,58 +20,33 @@ lazily, so the scheduler cannot tell when another request may share it.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 
 import torch
 
+from ..cache.plan import KVGeometry
 from ..sampling.probs import pick
 from ..spec_decode.lattice import Lattice, walk
 from .runner import SeqOutput, StepRunner, verify
 from .sequence import Sequence
+from .spec import DrafterSpec, ModelSpec
 
 
-@dataclass(frozen=True)
-class GraphDims:
-    """What the engine reads of a model it does not hold in torch (its KV geometry and limits)."""
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int = 0
-    max_position_embeddings: int = 0
-    num_draft_tokens: int = 0
-    block_size: int = 0
-    kind: str = ""
-    sliding_window: int | None = None   # None: the graphs mask windows themselves over full pages
-
-    hybrid = False                      # exports hold dense targets only (recurrent state: refused at export)
-
-    def layer_window(self, layer: int) -> None:
-        return None
-
-    @property
-    def attention_layers(self) -> list[int]:
-        return list(range(self.num_layers))
+GRAPH_DTYPE_BYTES = 4      # the graphs' KV pools hold fp32
 
 
-@dataclass(frozen=True)
-class GraphModel:
-    """A graph as the engine sees a model: dims, dtype, device (the CPU execution provider)."""
-
-    config: GraphDims
-    dtype: torch.dtype = torch.float32
-    device: torch.device = torch.device("cpu")
-
-
-def graph_models(models) -> tuple[GraphModel, GraphModel]:
-    """`export.runtime.OnnxModels` -> the target and drafter as the engine sizes them."""
+def onnx_spec(models) -> ModelSpec:
+    """`export.runtime.OnnxModels` -> the engine's `ModelSpec`: a dense target (recurrent state is refused at
+    export) and a drafter whose layers all attend over full pages (the graphs mask windows themselves)."""
     dec, drf = models.dims["decoder"], models.dims[models.kind]
-    target = GraphDims(int(dec["num_hidden_layers"]), int(dec["num_key_value_heads"]), int(dec["head_size"]),
-                       models.vocab_size, models.context_length)
-    drafter = GraphDims(int(drf["num_hidden_layers"]), int(drf["num_key_value_heads"]), int(drf["head_size"]),
-                        models.vocab_size, models.context_length, models.num_draft_tokens, models.block_size,
-                        models.kind)
-    return GraphModel(target), GraphModel(drafter)
+
+    def kv(dims: dict) -> KVGeometry:
+        return KVGeometry(int(dims["num_hidden_layers"]), int(dims["num_key_value_heads"]), int(dims["head_size"]),
+                          GRAPH_DTYPE_BYTES)
+
+    drafter = kv(drf)
+    return ModelSpec(models.vocab_size, models.context_length, kv(dec), torch.device("cpu"),
+                     drafter=DrafterSpec(models.kind, models.num_draft_tokens, models.block_size, drafter,
+                                         tuple(range(drafter.num_layers))))
 
 
 class OnnxRunner(StepRunner):
@@ -157,15 +132,14 @@ def onnx_engine(folder, max_batch: int = 1, eos_ids: frozenset[int] = frozenset(
                 adaptive_speculation: bool = True, num_speculative_tokens: int | None = None, pool_fill: float = 0.0):
     """An `LLMEngine` whose runner runs the export in `folder` with onnxruntime."""
     from ..export.runtime import OnnxModels
-    from .engine import EngineConfig, LLMEngine, default_cache_budget
+    from .engine import EngineConfig, LLMEngine
 
     models = OnnxModels(folder)
-    target, drafter = graph_models(models)
-    max_len = models.context_length
+    spec = onnx_spec(models)
     config = EngineConfig(max_batch=max_batch, prefix_caching=False, adaptive_speculation=adaptive_speculation,
                           num_speculative_tokens=num_speculative_tokens,
-                          cache_budget_bytes=default_cache_budget(target, drafter, max_len, max_batch))
-    engine = LLMEngine(target, drafter, config, eos_ids | frozenset(models.eos_token_ids), decode,
-                       runner=lambda plan: OnnxRunner(models, plan.num_blocks, max_batch, pool_fill))
+                          cache_budget_bytes=spec.cache_budget(models.context_length, max_batch))
+    engine = LLMEngine.over(spec, lambda plan: OnnxRunner(models, plan.num_blocks, max_batch, pool_fill), config,
+                            eos_ids | frozenset(models.eos_token_ids), decode)
     engine.models = models
     return engine

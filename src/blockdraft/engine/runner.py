@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..cache.paged import PagedKVPool, PagedStep, context_read, pad_tables
+from ..cache.plan import CachePlan
+from ..cache.ring import DrafterRing
+from ..cache.state import StatePool
 from ..layers.vocab import argmax_ids
 from ..models.drafter import BlockDrafter
 from ..models.target import TargetModel
@@ -107,6 +110,28 @@ class ModelRunner(StepRunner):
         self.states = states          # a hybrid target's recurrent state (cache/state.py), or None
         self.taps = drafter.config.taps if drafter is not None else ()
         self.confidence_threshold = confidence_threshold
+
+    @classmethod
+    def on_pools(cls, target: TargetModel, drafter: BlockDrafter | None, plan: CachePlan, max_batch: int,
+                 confidence_threshold: float = 0.0, state_rollback: str = "replay") -> "ModelRunner":
+        """The runner with the pools `plan` sizes: the target's paged KV, a hybrid target's state slots
+        (one per batch row), the drafter's paged KV for its full-attention layers and a ring for its
+        sliding-window layers."""
+        n, bs, tc = plan.num_blocks, plan.page_size, target.config
+        target_pool = PagedKVPool(tc.attention_layers, n, bs, *tc.paged_kv_geometry, target.dtype, target.device)
+        states = (StatePool(tc.state_layout, max_batch, target.dtype, target.device, state_rollback)
+                  if tc.hybrid else None)
+        drafter_pool = ring = None
+        if drafter is not None:
+            dc = drafter.config
+            full = [i for i in range(dc.num_layers) if not dc.layer_window(i)]
+            windowed = [i for i in range(dc.num_layers) if dc.layer_window(i)]
+            drafter_pool = PagedKVPool(full, n if full else 0, bs, dc.num_kv_heads, dc.head_dim, drafter.dtype,
+                                       target.device)
+            if windowed:
+                ring = DrafterRing(windowed, max_batch, dc.sliding_window, dc.block_size, dc.num_kv_heads,
+                                   dc.head_dim, drafter.dtype, target.device)
+        return cls(target, drafter, target_pool, drafter_pool, confidence_threshold, ring, states)
 
     def _tables(self, seqs: list[Sequence]) -> torch.Tensor:
         return pad_tables([s.block_table for s in seqs], self.target.device)

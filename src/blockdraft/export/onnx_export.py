@@ -58,7 +58,7 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
         raise ConfigError(f"export onnx: {target.config.architecture} targets are not exported (ONNX Runtime "
                           "GenAI's paged graph contract covers Llama/Qwen3 decoders, with no per-sequence layer "
                           "state); run them in blockdraft")
-    drafter = load_drafter(Path(drafter_dir), target)          # validates taps, fc width, vocab, heads
+    drafter = load_drafter(Path(drafter_dir), target, target_dir=target_dir)   # validates taps, fc width, vocab, heads
     cfg = drafter.config
     kind = drafter_kind(cfg.kind)
     if kind.onnx is None:

@@ -209,8 +209,6 @@ def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) ->
     # model's tied embedding / head is Q8_0)
     model.lm_head = QuantizedLinear(model.lm_head.weight, None, head_scheme(scheme, model.lm_head.weight.shape[1]),
                                     kernel)
-    model.quantization = scheme
-    model.quantization_kernel = kernels_in(model)
     return model
 
 
@@ -250,8 +248,6 @@ def _quantize_hybrid(model: nn.Module, scheme: str, kernel: str | None) -> nn.Mo
     model.lm_head = QuantizedLinear(model.lm_head.weight, None, head_scheme(scheme, model.lm_head.weight.shape[1]),
                                     kernel)
     model.fused = None
-    model.quantization = scheme
-    model.quantization_kernel = kernels_in(model)
     return model
 
 
@@ -268,6 +264,13 @@ def _fused_layer(layer: nn.Module) -> kernels.LayerWeights | None:
         *((m.qweight, m.scales) for m in projections),
         (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else None,
         attn.qkv_proj.bits, attn.qkv_proj.act_bits, attn.num_heads, attn.num_kv_heads, attn.head_dim, mlp.down_proj.in_features)
+
+
+def scheme_of(model: nn.Module) -> str:
+    """The weight scheme of a target's or drafter's layers, as `quantize_target` / `quantize_drafter` was given it
+    ("none" where no layer is quantized; the LM head's 8-bit scheme is the head's own, not the model's)."""
+    head = getattr(model, "lm_head", None)
+    return next((m.scheme for m in model.modules() if isinstance(m, QuantizedLinear) and m is not head), "none")
 
 
 def kernels_in(model: nn.Module) -> str:
@@ -301,5 +304,4 @@ def quantize_drafter(drafter: nn.Module, scheme: str) -> nn.Module:
         convert(mlp, "down_proj")
     if drafter.config.own_lm_head:
         convert(drafter, "lm_head", head_scheme(scheme, INT4_GROUP))
-    drafter.quantization = scheme
     return drafter

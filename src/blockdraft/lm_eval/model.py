@@ -83,7 +83,7 @@ class BlockdraftLM(TemplateLM):
 
     def _bind(self, llm, engine, drafter_name: str, max_gen_toks: int, add_bos_token: bool, seed: int) -> None:
         if llm.tokenizer is None:
-            raise ConfigError(f"--model_args target: {llm.target.source_dir} has no tokenizer.json")
+            raise ConfigError(f"--model_args target: {llm.models.target_dir} has no tokenizer.json")
         self.llm, self.engine, self.tok = llm, engine, llm.tokenizer
         self.max_length = engine.max_model_len
         self.max_gen_toks, self.add_bos_token, self.seed = max_gen_toks, add_bos_token, seed
@@ -99,7 +99,7 @@ class BlockdraftLM(TemplateLM):
 
     @property
     def tokenizer_name(self) -> str:
-        return str(self.llm.target.source_dir).replace("/", "__")
+        return str(self.llm.models.target_dir).replace("/", "__")
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
         return self.tok.encode(string, add_special_tokens=self.add_bos_token if add_special_tokens is None
@@ -186,10 +186,10 @@ class BlockdraftLM(TemplateLM):
         """Acceptance statistics over every request generated so far."""
         al = mean_al_ci(self.acceptance_lengths)
         steps = [a for lengths in self.acceptance_lengths for a in lengths]
-        drafter = self.engine.drafter
-        block = drafter.config.num_draft_tokens + 1 if drafter is not None else 1
+        drafter = self.engine.spec.drafter
+        block = drafter.num_draft_tokens + 1 if drafter is not None else 1
         return {"drafter": None if drafter is None else self._drafter_name,
-                "drafter_kind": None if drafter is None else drafter.config.kind,
+                "drafter_kind": None if drafter is None else drafter.kind,
                 "requests": len(self.acceptance_lengths), "generated_tokens": self.generated_tokens,
                 "tokens_per_s": self.generated_tokens / self.generate_seconds if self.generate_seconds else None,
                 "mean_al": al["mean_al"], "al_ci95": al["ci95"], "verify_steps": al["steps"],
@@ -198,4 +198,4 @@ class BlockdraftLM(TemplateLM):
 
     def get_model_info(self) -> dict:
         return {"blockdraft": {**self.acceptance(), "numerics": self.llm.numerics,
-                               "target": str(self.llm.target.source_dir)}}
+                               "target": str(self.llm.models.target_dir)}}

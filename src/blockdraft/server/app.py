@@ -30,8 +30,8 @@ def startup_line(llm: LLM, host: str, port: int) -> str:
     n, plan = llm.numerics, llm.engine.plan
     numerics = n["dtype"] + ("" if n["quantization"] == "none" else f" {n['quantization']} weights")
     numerics += ", row-invariant" if n["row_invariant"] else ""
-    drafter = "none" if llm.drafter is None else f"{llm.drafter.config.kind} ({llm.drafter.source_dir})"
-    return (f"blockdraft serving http://{host}:{port}/v1 | target {llm.target.source_dir} | drafter {drafter} | "
+    drafter = "none" if llm.drafter is None else f"{llm.drafter.config.kind} ({llm.models.drafter_dir})"
+    return (f"blockdraft serving http://{host}:{port}/v1 | target {llm.models.target_dir} | drafter {drafter} | "
             f"{numerics} | device {n['device']} | max batch {llm.max_batch} | cache {plan.total_bytes / 2**20:.0f} MiB "
             f"({plan.num_blocks} pages of {plan.page_size} tokens) | context {llm.max_model_len}")
 
