@@ -5,7 +5,7 @@
 
 A verify pass of R rows on a MoE target reads the union of its rows' experts — up to R × top-k of them
 where one row reads top-k — so its cost grows with R faster than a dense target's. For each family-shaped
-random target (`bench_costs.shaped_configs`) this measures, in one process and interleaved by repeat:
+random target (`shaped_targets.shaped_configs`) this measures, in one process and interleaved by repeat:
 the target's pass over R = 1..9 rows after a `--context`-token prefill, state commit included (median of
 `--repeats`), and one block pass of a 1-layer DSpark drafter of the target's width (`new_drafter`, block
 8) in the target's numerics. Those costs go into the engine's own `DraftWidthPolicy` — cost(width w) =
@@ -27,8 +27,8 @@ import time
 
 import torch
 
-from bench_costs import hybrid_step, shaped, shaped_configs
 from results_io import new_figure, save_figure, write_results
+from shaped_targets import hybrid_step, shaped, shaped_configs
 
 RATES = (0.5, 0.7, 0.85, 0.95)
 MAX_WIDTH = 8

@@ -13,17 +13,16 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "server"))
-from server_harness import API_KEY, ServerThread  # noqa: E402  (the test suite's real uvicorn harness)
-from openai import AsyncOpenAI  # noqa: E402
+from openai import AsyncOpenAI
 
-from blockdraft.llm import LLM  # noqa: E402
+from blockdraft.llm import LLM
+from blockdraft.server.thread import ServerThread
 
 OUT = Path(__file__).parent / "results"
+MODEL, API_KEY = "tiny", "sk-test"     # what the server serves and checks, and the clients send
 
 
 def pct(values: list[float], q: float) -> float:
@@ -34,7 +33,7 @@ def pct(values: list[float], q: float) -> float:
 async def one(client, i: int, max_tokens: int) -> dict:
     t0 = time.perf_counter()
     stamps, tokens, al = [], 0, None
-    stream = await client.completions.create(model="tiny", prompt=f"request {i} says", max_tokens=max_tokens,
+    stream = await client.completions.create(model=MODEL, prompt=f"request {i} says", max_tokens=max_tokens,
                                              temperature=0, stream=True, extra_body={"ignore_eos": True})
     async for chunk in stream:
         if chunk.choices and chunk.choices[0].text:
@@ -69,7 +68,7 @@ def main() -> None:
               "max_batch": args.max_batch, "runs": {}}
     for name in ("none", "dspark", "dflash2"):
         llm = LLM(drafter=name, max_batch=args.max_batch, adaptive_speculation=True)
-        with ServerThread(llm) as srv:
+        with ServerThread(llm, MODEL, API_KEY) as srv:
             asyncio.run(load(srv.url, 4, 8))                     # warm-up
             report["runs"][name] = asyncio.run(load(srv.url, args.clients, args.max_tokens))
         print(name, json.dumps(report["runs"][name]), flush=True)

@@ -10,7 +10,7 @@ with a set probability per slot. `--als` asks for mean acceptance lengths at the
 (per-slot rate a with 1 + a + ... + a^(block-1) = AL); `--rates` gives a directly. The measured AL
 is reported beside the asked one. `bench_moe_width.py` predicts the policy's width from timed passes
 and an assumed acceptance; this runs the engine. Each family-shaped random target
-(`bench_costs.shaped_configs`: LFM2-1.2B and a Qwen3.5 shape, SmolLM2-135M's, the MoE shapes) is given a known
+(`shaped_targets.shaped_configs`: LFM2-1.2B and a Qwen3.5 shape, SmolLM2-135M's, the MoE shapes) is given a known
 greedy continuation: its LM head scores token σ(t) highest after token t, for a fixed random
 permutation σ (the head's row σ(t) is t's embedding direction; the embedding is large against the
 layers' random updates, so the last token decides). A 1-layer DSpark drafter (block 8) is built to
@@ -42,8 +42,8 @@ import time
 
 import torch
 
-from bench_costs import shaped, shaped_configs
 from results_io import new_figure, save_figure, write_results
+from shaped_targets import shaped, shaped_configs
 
 BLOCK = 8
 MARKOV_RANK = 128

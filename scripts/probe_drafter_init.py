@@ -27,7 +27,9 @@ from pathlib import Path
 
 import torch
 
-import train_default_drafters as recipe
+from blockdraft.train import recipe
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def init_from_target(drafter, target, layers: list[int], fc_tap: int | None) -> None:
@@ -139,7 +141,7 @@ def main() -> None:
     ap.add_argument("--gamma", type=float, default=4.0, help="loss weight of slot k: exp(-k / gamma)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=50)
-    ap.add_argument("--out", default=str(recipe.ROOT / "docs" / "data" / "drafter_probe.json"))
+    ap.add_argument("--out", default=str(ROOT / "docs" / "data" / "drafter_probe.json"))
     ap.add_argument("--baselines", action="store_true",
                     help="score the shipped drafters and a trigram table instead of training")
     args = ap.parse_args()
@@ -150,7 +152,7 @@ def main() -> None:
     work = Path("/tmp") / "probe_drafter_state"          # resumable run states, never in git
     work.mkdir(parents=True, exist_ok=True)
     llm = recipe.load_llm()
-    seqs, _ = recipe.teacher_sequences()
+    seqs, _ = recipe.teacher_sequences(ROOT / recipe.TEACHER_DATA)
     evals = eval_sequences(llm, recipe.EVAL_TOKENS)
     results = json.loads(out.read_text()) if out.is_file() else {}
     if args.baselines:
@@ -167,8 +169,7 @@ def main() -> None:
     for variant in args.variants.split(","):
         torch.manual_seed(0)
         name = variant if args.gamma == 4.0 else f"{variant}-gamma{args.gamma:g}"
-        recipe.KINDS = (args.kind,)
-        drafters, _ = recipe.new_drafters(llm, seqs, sorted(llm._eos_ids()))
+        drafters, _ = recipe.new_drafters(llm, seqs, sorted(llm._eos_ids()), kinds=(args.kind,))
         drafter = drafters[args.kind]
         last = llm.target.config.num_layers - 1
         if variant == "target-last":
@@ -195,7 +196,7 @@ def main() -> None:
             results[name] = rows
             out.write_text(json.dumps(results, indent=1) + "\n")
 
-        fit_jointly({args.kind: drafter}, seqs, cfg, state, progress=False, head=recipe._fp32_head(llm.target),
+        fit_jointly({args.kind: drafter}, seqs, cfg, state, progress=False, head=recipe.fp32_head(llm.target),
                     target=llm.target, on_checkpoint=score)
 
 

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import torch
 
-import train_default_drafters as recipe
 from blockdraft.default_model import cache_root
+from blockdraft.train import recipe
 
+DATA = Path(__file__).resolve().parents[1] / recipe.TEACHER_DATA
 CACHE_DIR = cache_root() / "teacher-cache-smollm2"
 RUNS = cache_root() / "cached-runs"
 TOP_K = 64
@@ -33,8 +34,8 @@ def cache_spec(llm, shards: list[str] | None = None):
     from blockdraft.train.shards import read_manifest
     from blockdraft.train.tap_cache import spec_for
 
-    manifest = read_manifest(recipe.DATA)
-    spec = spec_for(llm.target, recipe.DATA, recipe.TAPS, TOP_K, {**manifest["target"], "runtime_dtype": "bfloat16"})
+    manifest = read_manifest(DATA)
+    spec = spec_for(llm.target, DATA, recipe.TAPS, TOP_K, {**manifest["target"], "runtime_dtype": "bfloat16"})
     if shards is not None:
         from dataclasses import replace
 
@@ -48,7 +49,7 @@ def cmd_cache(args) -> None:
     torch.set_num_threads(args.threads)
     llm = recipe.load_llm()
     t0 = time.time()
-    build(llm.target, recipe.DATA, CACHE_DIR, cache_spec(llm), progress=not args.quiet)
+    build(llm.target, DATA, CACHE_DIR, cache_spec(llm), progress=not args.quiet)
     print(f"teacher cache complete in {CACHE_DIR} ({time.time() - t0:.0f} s this call)", flush=True)
 
 
@@ -64,7 +65,7 @@ def open_run_cache(llm, shards: list[str]):
     from blockdraft.train.shards import read_manifest
     from blockdraft.train.tap_cache import TapCache
 
-    files = [s["file"] for s in read_manifest(recipe.DATA)["shards"] if Path(s["file"]).stem in shards]
+    files = [s["file"] for s in read_manifest(DATA)["shards"] if Path(s["file"]).stem in shards]
     return TapCache.open(CACHE_DIR, cache_spec(llm, files))
 
 
@@ -161,7 +162,7 @@ def cmd_train(args) -> None:
     if args.build_cache:            # finish the teacher cache first (resumable by shard), then train on all of it
         from blockdraft.train.tap_cache import build
 
-        build(llm.target, recipe.DATA, CACHE_DIR, cache_spec(llm), progress=not args.quiet)
+        build(llm.target, DATA, CACHE_DIR, cache_spec(llm), progress=not args.quiet)
     run_file = out / "run.json"
     if run_file.is_file():          # a resumed run keeps everything it started with
         run = json.loads(run_file.read_text())
@@ -177,9 +178,8 @@ def cmd_train(args) -> None:
     cache = open_run_cache(llm, run["shards"])
     held = eval_cache(llm)
     seqs = [TeacherSeq(cache.seq(i).ids, None, None, cache.seq(i).response_start) for i in range(len(cache))]
-    recipe.KINDS = tuple(run["kinds"])
     torch.manual_seed(cfg.seed)
-    drafters, vocab = recipe.new_drafters(llm, seqs, sorted(llm._eos_ids()), run["layers"])
+    drafters, vocab = recipe.new_drafters(llm, seqs, sorted(llm._eos_ids()), run["layers"], tuple(run["kinds"]))
     run.setdefault("vocab", vocab)
     run.setdefault("data", {"sequences": len(cache), "tokens": sum(len(s.ids) for s in seqs),
                             "response_tokens": sum(len(s.ids) - s.response_start for s in seqs)})
@@ -331,10 +331,10 @@ def cmd_bench(args) -> None:
             if name == "per-step teacher":
                 cfg = recipe.run_config(n + 1)
                 fit_jointly(drafters, seqs, replace(cfg, steps=1, save_every=10 ** 9), None, progress=False,
-                            head=recipe._fp32_head(llm.target), target=llm.target)
+                            head=recipe.fp32_head(llm.target), target=llm.target)
                 t0 = time.perf_counter()
                 fit_jointly(drafters, seqs, replace(cfg, steps=n, first_draw=cfg.seqs_per_step), None, progress=False,
-                            head=recipe._fp32_head(llm.target), target=llm.target)
+                            head=recipe.fp32_head(llm.target), target=llm.target)
                 blocks = n * cfg.seqs_per_step * cfg.anchors_per_seq
             else:
                 cfg = CachedTrainConfig(steps=n + 1, seqs_per_step=args.seqs_per_step, blocks_per_seq=args.blocks_per_seq,

@@ -5,7 +5,8 @@ each step, one teacher-forced pass of the bf16 target per step computing the tap
 (DSpark at `layer_output`, DFlash at `hidden_states`), never stored. Data: the committed teacher
 shards (`data/teacher/smollm2`, the target's own greedy responses; see its manifest). DSpark prunes
 its vocabulary to the most frequent response ids (`train/vocab.py`); DFlash keeps the target's
-full vocabulary and LM head.
+full vocabulary and LM head. The recipe itself (shape, target, schedule, held-out evaluation) is
+`blockdraft.train.recipe`.
 
     python scripts/train_default_drafters.py train [--hours H]   # resumable; checkpoints <= 10 min apart
     python scripts/train_default_drafters.py train --continue-shipped   # a new run from the shipped weights
@@ -19,7 +20,6 @@ State lives in $BLOCKDRAFT_CACHE/train-smollm2 (never in git): `state.pt` (resum
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import shutil
 import sys
@@ -31,27 +31,16 @@ import torch
 
 from blockdraft.default_model import cache_root
 from blockdraft.numerics import cpu_model
+from blockdraft.train.recipe import (ASSETS, BLOCK, EVAL_PROMPTS, EVAL_SETS, EVAL_TOKENS, KINDS, LAYERS, MARKOV_RANK,
+                                     MASK_ID, PRUNED, TAPS, TEACHER_DATA, eval_prompts, fp32_head, held_out_al,
+                                     load_llm, new_drafter_from_ids, new_drafters, run_config, teacher_sequences)
 from blockdraft.train.trainer import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "data" / "teacher" / "smollm2"
-ASSETS = ROOT / "src" / "blockdraft" / "assets" / "smollm2"
+DATA = ROOT / TEACHER_DATA
 CACHE = cache_root() / "train-smollm2"
-TAPS = (1, 8, 15, 22, 29)
-LAYERS, BLOCK, MASK_ID, MARKOV_RANK, DRAFT_VOCAB = 2, 8, 16, 64, 12288
-KINDS = ("dflash", "dspark")
-# DSpark prunes its vocabulary (a cheap head); DFlash keeps the target's full vocabulary and LM head
-# (the z-lab layout, no lm_head/d2t stored): llama.cpp's DFlash converter knows no d2t.
-PRUNED = {"dflash": False, "dspark": True}
 CFG_FILE = CACHE / "run.json"
 CURVE_JSON = ROOT / "docs" / "data" / "drafter_curve.json"     # versioned: every published run extends it
-EVAL_SETS, EVAL_PROMPTS, EVAL_TOKENS = ("chat", "humaneval", "math"), 6, 96
-
-
-def run_config(steps: int, lr: float = 1e-3, first_draw: int = 0, anchors: int = 48,
-               gamma: float = TrainConfig.position_gamma) -> TrainConfig:
-    return TrainConfig(steps=steps, lr=lr, warmup=100, seqs_per_step=2, anchors_per_seq=anchors, seed=0,
-                       first_draw=first_draw, save_every=250, save_every_seconds=600, position_gamma=gamma)
 
 
 def next_draw(run: dict, local_steps: int) -> int:
@@ -59,34 +48,6 @@ def next_draw(run: dict, local_steps: int) -> int:
     config without `first_draw` started at 0)."""
     cfg = run["config"]
     return cfg.get("first_draw", 0) + local_steps * cfg["seqs_per_step"]
-
-
-def load_llm():
-    from blockdraft.llm import LLM
-
-    # the shipped drafters' target: bf16 weights, as their teacher data was made (auto would load int4)
-    return LLM(target="smollm2", drafter="none", dtype="bfloat16", quantization="none", max_batch=1,
-               max_model_len=1024)
-
-
-def teacher_sequences():
-    from blockdraft.train.shards import read_manifest, read_shard
-    from blockdraft.train.trainer import TeacherSeq
-
-    manifest = read_manifest(DATA)
-    seqs = [TeacherSeq(torch.tensor(c.prompt + c.response), None, None, len(c.prompt))
-            for info in manifest["shards"] for c in read_shard(DATA, info)]
-    tokens = sum(s["response_tokens"] for s in manifest["shards"])
-    return seqs, {"shards": len(manifest["shards"]), "conversations": len(seqs), "response_tokens": tokens}
-
-
-def new_drafters(llm, seqs, eos_ids, layers=LAYERS):
-    from blockdraft.train.vocab import choose_draft_vocab, token_counts
-
-    responses = [s.ids[s.response_start:].tolist() for s in seqs]
-    vocab = choose_draft_vocab(token_counts(responses, llm.target.config.vocab_size), DRAFT_VOCAB, always=eos_ids)
-    return {kind: new_drafter_from_ids(llm, kind, vocab.ids if PRUNED[kind] else None, layers)
-            for kind in KINDS}, vocab.summary()
 
 
 def shipped_drafters(llm):
@@ -132,34 +93,13 @@ def _prior(run: dict) -> tuple[int, float]:
     return prior.get("steps", 0), prior.get("tokens_seen", 0.0)
 
 
-def new_drafter_from_ids(llm, kind, ids, layers=LAYERS):
-    """A new fp32 drafter (`ids`: its draft vocabulary; None = the target's). Training reads the target's
-    LM head through a frozen fp32 copy: the bf16 one runs multi-row products in row-invariant chunks of
-    16, which inference needs and training does not."""
-    from blockdraft.checkpoints.publish import new_drafter
-    from blockdraft.models.drafter import SharedWeights
-
-    d = new_drafter(llm.target, kind, layers, BLOCK, TAPS, MASK_ID, markov_rank=MARKOV_RANK, draft_vocab=ids).float()
-    d.shared = SharedWeights(d.shared.embed_tokens, _fp32_head(llm.target))
-    return d
-
-
-@functools.lru_cache(maxsize=1)
-def _fp32_head(target) -> torch.nn.Linear:
-    """A frozen fp32 copy of the target's LM head, made once and shared by every drafter and loss."""
-    w = target.lm_head.weight.detach().float()
-    head = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
-    head.weight = torch.nn.Parameter(w, requires_grad=False)
-    return head
-
-
 def cmd_train(args) -> None:
     from blockdraft.train.trainer import fit_jointly
 
     torch.set_num_threads(args.threads)
     CACHE.mkdir(parents=True, exist_ok=True)
     llm = load_llm()
-    seqs, data_info = teacher_sequences()
+    seqs, data_info = teacher_sequences(DATA)
     run = json.loads(CFG_FILE.read_text()) if CFG_FILE.is_file() else None
     prior = None
     if run is not None and run.get("prior") and not (CACHE / "state.pt").is_file():
@@ -175,7 +115,7 @@ def cmd_train(args) -> None:
                      "layers; drop --continue-shipped to train new ones")
     else:      # a new run, or a resumed one (its own depth; the state then loads over these weights)
         layers = run.get("layers", LAYERS) if run is not None else args.layers or LAYERS
-        drafters, vocab = new_drafters(llm, seqs, sorted(llm._eos_ids()), layers)
+        drafters, vocab = new_drafters(llm, seqs, sorted(llm._eos_ids()), layers, KINDS)
         drafters = {k: d for k, d in drafters.items() if k in KINDS}
     if run is not None:           # a resumed run keeps its step budget and data
         if run["data"] != data_info:
@@ -211,29 +151,8 @@ def cmd_train(args) -> None:
     else:
         hook = snapshot
     history = fit_jointly(drafters, seqs, replace(cfg, steps=steps), CACHE / "state.pt", progress=not args.quiet,
-                          head=_fp32_head(llm.target), target=llm.target, on_checkpoint=hook)
+                          head=fp32_head(llm.target), target=llm.target, on_checkpoint=hook)
     (CACHE / "history.json").write_text(json.dumps(history))
-
-
-def eval_prompts(llm) -> dict[str, list[list[int]]]:
-    from blockdraft.bench.prompt_sets import load_set
-
-    return {name: [llm.encode(p, chat=True) for p in load_set(name, EVAL_PROMPTS)] for name in EVAL_SETS}
-
-
-def held_out_al(llm, drafter_dir: Path, prompts: dict[str, list[list[int]]]) -> dict:
-    """Greedy held-out mean AL per set at the full block, and per-position acceptance."""
-    from blockdraft.loading import load_drafter
-    from blockdraft.train.trainer import acceptance_lengths
-
-    drafter = load_drafter(drafter_dir, llm.target)
-    out = {}
-    n = drafter.config.num_draft_tokens
-    for name, ids in prompts.items():
-        lengths = [a for per_prompt in acceptance_lengths(llm.target, drafter, ids, EVAL_TOKENS) for a in per_prompt]
-        reach = [sum(1 for a in lengths if a > k) / len(lengths) for k in range(1, n + 1)]
-        out[name] = {"mean_al": sum(lengths) / len(lengths), "steps": len(lengths), "per_position": reach}
-    return out
 
 
 def cmd_eval(args) -> None:

@@ -2,13 +2,13 @@
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import blockdraft
+from blockdraft.checkpoints.digest import fixture_digest
 from blockdraft.loading import load_drafter, load_target
 
 ASSETS = Path(blockdraft.__file__).parent / "assets" / "tiny"
@@ -17,9 +17,6 @@ DRAFTER_NAMES = ("dflash", "dflash-sliding", "dflash2", "dspark")
 
 # 2 by default (CI); 1 where another job holds a core (spinning thread pools collapse when oversubscribed)
 torch.set_num_threads(int(os.environ.get("BLOCKDRAFT_TEST_THREADS", "2")))
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "scripts" / "goldens"))
-from common import fixture_digest  # noqa: E402  (the generators' own digest: one definition)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,8 @@ import hybrid_models as hm
 from blockdraft.cli import main
 from blockdraft.llm import LLM
 from blockdraft.sampling.params import SamplingParams
-from server.server_harness import API_KEY, ServerThread
+from blockdraft.server.thread import ServerThread
+from server.server_harness import API_KEY, MODEL
 
 
 FAMILIES = [("qwen3_5", False), ("lfm2", False), ("gpt_oss", False), ("gemma4", True)]      # (arch, moe)
@@ -66,7 +67,7 @@ def test_serve_with_the_openai_client(dirs, family):
     target, drafter = dirs
     llm = LLM(target=target, drafter=drafter, dtype="bfloat16", max_batch=4)
     plain = LLM(target=target, drafter=None, dtype="bfloat16", max_batch=1)
-    with ServerThread(llm) as srv:
+    with ServerThread(llm, MODEL, API_KEY) as srv:
         client = OpenAI(base_url=f"{srv.url}/v1", api_key=API_KEY)
         r = client.completions.create(model="tiny", prompt="hello world", max_tokens=12, temperature=0,
                                       extra_body={"ignore_eos": True})

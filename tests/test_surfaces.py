@@ -14,7 +14,6 @@ dflash_generate does, which the goldens pin), so the sampled walks draw differen
 """
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -133,13 +132,13 @@ def test_generate_onnx_equals_the_engine(capsys, exports, target, kind, mode):
 
 
 def test_server_equals_the_oracle(oracle):
-    sys.path.insert(0, str(Path(__file__).parent / "server"))
-    from server_harness import API_KEY, ServerThread
+    from blockdraft.server.thread import ServerThread
+    from server.server_harness import API_KEY, MODEL
 
     tok = Tokenizer(TARGET)
     for kind in KINDS:
         llm = LLM(target=TARGET, drafter=_drafter_dir(kind) or "none", dtype="float32", adaptive_speculation=False)
-        with ServerThread(llm) as srv:
+        with ServerThread(llm, MODEL, API_KEY) as srv:
             client = OpenAI(base_url=f"{srv.url}/v1", api_key=API_KEY, max_retries=0)
             for mode in MODES:
                 p = MODES[mode]

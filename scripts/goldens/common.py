@@ -1,34 +1,22 @@
-"""Shared by the golden generators (runs in each reference's own venv; no blockdraft import)."""
+"""Shared by the golden generators. They run in each reference's own venv, where blockdraft is not
+installed: the weight digests come from the stdlib-only `blockdraft.checkpoints.digest`, read from src/."""
 
-import hashlib
 import json
 import random
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+from blockdraft.checkpoints.digest import dir_digest, fixture_digest  # noqa: E402  (the tests' digests)
+
+__all__ = ["FIXTURES", "GOLDENS", "INTEROP_DFLASH", "SHIPPED", "dir_digest", "fixture_digest", "prompts", "write"]
 FIXTURES = ROOT / "src" / "blockdraft" / "assets" / "tiny"
 SHIPPED = ROOT / "src" / "blockdraft" / "assets" / "smollm2"
 GOLDENS = ROOT / "tests" / "goldens"
 # the shipped SmolLM2 DFlash drafter (z-lab layout, the target's full vocabulary and LM head), which the
 # reference `dflash` package reads as it is
 INTEROP_DFLASH = SHIPPED / "dflash"
-
-
-def dir_digest(path: Path, names: tuple[str, ...] = ("config.json", "model.safetensors")) -> str:
-    """sha256 of a checkpoint's config and weights, so tests can tell goldens from stale weights."""
-    h = hashlib.sha256()
-    for f in sorted(p for p in Path(path).iterdir() if p.name in names):
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def fixture_digest(name: str) -> str:
-    h = hashlib.sha256()
-    for f in sorted((FIXTURES / name).iterdir()):
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
 
 
 def prompts(n: int = 4, seed: int = 5, vocab: int = 126) -> list[list[int]]:

@@ -8,12 +8,11 @@ published layout exactly as we do.
 """
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from decode_oracle import generate_one
+from blockdraft.checkpoints.digest import dir_digest
 from blockdraft.default_model import smollm2_dir
 from blockdraft.llm import DEFAULT_DRAFTERS
 from blockdraft.loading import load_drafter, load_target
@@ -22,9 +21,6 @@ from blockdraft.sampling.stops import StopCriteria
 from conftest import GOLDENS
 
 INTEROP = DEFAULT_DRAFTERS["dflash"]
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "goldens"))
-from common import dir_digest  # noqa: E402
 
 pytestmark = pytest.mark.slow
 GOLDEN = json.loads((GOLDENS / "smollm2_dflash.json").read_text())

@@ -59,6 +59,8 @@ def test_architecture_hint_names_unlisted_layouts():
 # Shared modules that still spell a kind's name, each with what keeps it there.
 STILL_SPELLED = {
     "default_model.py": "DEFAULT_DRAFTER: the shipped drafter (assets/smollm2/dspark) the default command runs",
+    "train/recipe.py": "KINDS, PRUNED: the recipe of the drafters shipped for SmolLM2 (the kinds it trains, and "
+                       "which of them prune their vocabulary)",
 }
 
 

@@ -9,7 +9,8 @@ import pytest
 from openai import APIStatusError, OpenAI
 
 from blockdraft.llm import LLM, TINY_ASSETS
-from server_harness import API_KEY, ServerThread
+from blockdraft.server.thread import ServerThread
+from server_harness import API_KEY, MODEL
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def faulty():
         return real(*args, **kwargs)
 
     runner.decode = decode
-    with ServerThread(llm) as srv:
+    with ServerThread(llm, MODEL, API_KEY) as srv:
         yield srv, llm, state
 
 
