@@ -93,8 +93,9 @@ class LLMEngine:
         """The engine over torch modules: the target and drafter on paged pools the cache plan sizes."""
         config = config or EngineConfig()
         self.target, self.drafter = target, drafter
-        self._start(ModelSpec.of(target, drafter), config, eos_ids, decode,
-                    lambda plan: ModelRunner.on_pools(target, drafter, plan, config.max_batch,
+        spec = ModelSpec.of(target, drafter)
+        self._start(spec, config, eos_ids, decode,
+                    lambda plan: ModelRunner.on_pools(target, drafter, spec, plan, config.max_batch,
                                                       config.confidence_threshold, config.state_rollback),
                     adaptive_threads=target.device.type == "cpu")
 

@@ -28,6 +28,7 @@ from ..spec_decode.propose import block_rows, choose_drafts, confident_prefix, d
 from ..spec_decode.verify import greedy_accept_ids, rejection_accept
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
+from .spec import ModelSpec
 
 
 @dataclass
@@ -112,24 +113,22 @@ class ModelRunner(StepRunner):
         self.confidence_threshold = confidence_threshold
 
     @classmethod
-    def on_pools(cls, target: TargetModel, drafter: BlockDrafter | None, plan: CachePlan, max_batch: int,
-                 confidence_threshold: float = 0.0, state_rollback: str = "replay") -> "ModelRunner":
+    def on_pools(cls, target: TargetModel, drafter: BlockDrafter | None, spec: ModelSpec, plan: CachePlan,
+                 max_batch: int, confidence_threshold: float = 0.0, state_rollback: str = "replay") -> "ModelRunner":
         """The runner with the pools `plan` sizes: the target's paged KV, a hybrid target's state slots
         (one per batch row), the drafter's paged KV for its full-attention layers and a ring for its
-        sliding-window layers."""
+        sliding-window layers (`spec.drafter`'s split)."""
         n, bs, tc = plan.num_blocks, plan.page_size, target.config
         target_pool = PagedKVPool(tc.attention_layers, n, bs, *tc.paged_kv_geometry, target.dtype, target.device)
         states = (StatePool(tc.state_layout, max_batch, target.dtype, target.device, state_rollback)
                   if tc.hybrid else None)
         drafter_pool = ring = None
         if drafter is not None:
-            dc = drafter.config
-            full = [i for i in range(dc.num_layers) if not dc.layer_window(i)]
-            windowed = [i for i in range(dc.num_layers) if dc.layer_window(i)]
-            drafter_pool = PagedKVPool(full, n if full else 0, bs, dc.num_kv_heads, dc.head_dim, drafter.dtype,
-                                       target.device)
-            if windowed:
-                ring = DrafterRing(windowed, max_batch, dc.sliding_window, dc.block_size, dc.num_kv_heads,
+            dc, d = drafter.config, spec.drafter
+            drafter_pool = PagedKVPool(list(d.full_layers), n if d.full_layers else 0, bs, dc.num_kv_heads,
+                                       dc.head_dim, drafter.dtype, target.device)
+            if d.ring_layers:
+                ring = DrafterRing(list(d.ring_layers), max_batch, d.window, dc.block_size, dc.num_kv_heads,
                                    dc.head_dim, drafter.dtype, target.device)
         return cls(target, drafter, target_pool, drafter_pool, confidence_threshold, ring, states)
 
