@@ -1,27 +1,24 @@
-"""Server under load: 32 concurrent streaming clients on loopback, with and without the drafter.
+"""Serving: 32 concurrent streaming clients on loopback, with and without a drafter.
 
-Reports requests/s, p50/p95 time to first token, p50/p95 inter-token latency (per
+    python benchmarks/bench_server.py [--clients 32] [--max-tokens 48] [--max-batch 16]
+
+The tiny shipped fixtures behind the OpenAI-compatible server (`server/thread.py`), the official
+`openai` client; per drafter (none, dspark, dflash2) one warm-up load, then every client streams one
+completion at once. Reports requests/s, p50/p95 time to first token, p50/p95 inter-token latency (per
 request: (last token time - first token time) / (tokens - 1)) and mean AL.
 Writes benchmarks/results/server.json.
-
-    python benchmarks/bench_server.py [--clients 32] [--max-tokens 48]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
-from pathlib import Path
 
-from openai import AsyncOpenAI
+from harness import add_prompts, add_threads, run_commands, write_results
 
-from blockdraft.llm import LLM
-from blockdraft.server.thread import ServerThread
-
-OUT = Path(__file__).parent / "results"
 MODEL, API_KEY = "tiny", "sk-test"     # what the server serves and checks, and the clients send
 
 
@@ -46,6 +43,8 @@ async def one(client, i: int, max_tokens: int) -> dict:
 
 
 async def load(url: str, clients: int, max_tokens: int) -> dict:
+    from openai import AsyncOpenAI
+
     client = AsyncOpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0)
     t0 = time.perf_counter()
     runs = await asyncio.gather(*(one(client, i, max_tokens) for i in range(clients)))
@@ -58,23 +57,29 @@ async def load(url: str, clients: int, max_tokens: int) -> dict:
             "mean_al": statistics.mean(als) if als else None}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--clients", type=int, default=32)
-    ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--max-batch", type=int, default=16)
-    args = ap.parse_args()
-    report = {"model": "tiny shipped fixtures, fp32, CPU", "clients": args.clients, "max_tokens": args.max_tokens,
+def flags(ap) -> None:
+    ap.add_argument("--clients", type=int, default=32, help="concurrent streaming clients")
+    add_prompts(ap, None, 48)
+    ap.add_argument("--max-batch", type=int, default=16, help="the engine's max batch")
+    add_threads(ap, None)
+
+
+def serve(args) -> None:
+    """Every drafter behind the server in turn, loaded by `--clients` streaming clients at once."""
+    from blockdraft.llm import LLM, TINY_ASSETS
+    from blockdraft.server.thread import ServerThread
+
+    report = {"model": "tiny shipped fixtures, fp32, CPU", "clients": args.clients, "max_tokens": args.tokens,
               "max_batch": args.max_batch, "runs": {}}
     for name in ("none", "dspark", "dflash2"):
-        llm = LLM(drafter=name, max_batch=args.max_batch, adaptive_speculation=True)
+        llm = LLM(target=TINY_ASSETS / "target-qwen3", drafter=None if name == "none" else TINY_ASSETS / name,
+                  max_batch=args.max_batch, adaptive_speculation=True)
         with ServerThread(llm, MODEL, API_KEY) as srv:
             asyncio.run(load(srv.url, 4, 8))                     # warm-up
-            report["runs"][name] = asyncio.run(load(srv.url, args.clients, args.max_tokens))
+            report["runs"][name] = asyncio.run(load(srv.url, args.clients, args.tokens))
         print(name, json.dumps(report["runs"][name]), flush=True)
-    OUT.mkdir(exist_ok=True)
-    (OUT / "server.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_results("server", report)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_commands(__doc__, {}, default=(flags, serve)))

@@ -305,54 +305,9 @@ def cmd_publish(args) -> None:
     print(f"published dspark step {step} -> {dest}")
 
 
-def cmd_bench(args) -> None:
-    """Blocks trained per second, both drafters on the same batches: the per-step teacher recipe
-    (`train_default_drafters.py`: 2 sequences x 48 anchors, the bf16 target each step) against the
-    cached one (bf16 autocast and fp32), `--bench-steps` steps each after one untimed step."""
-    import tempfile
-    from dataclasses import replace
-
-    from blockdraft.numerics import cpu_model
-    from blockdraft.train.cached import CachedTrainConfig, fit_cached
-    from blockdraft.train.trainer import TeacherSeq, fit_jointly
-
-    torch.set_num_threads(args.threads)
-    llm = recipe.load_llm()
-    cache = open_run_cache(llm, built_shards())
-    seqs = [TeacherSeq(cache.seq(i).ids, None, None, cache.seq(i).response_start) for i in range(len(cache))]
-    last = llm.target.config.num_layers - 1
-    results = {"cpu": cpu_model(), "threads": torch.get_num_threads()}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in ("per-step teacher", "cached bf16", "cached fp32"):
-            torch.manual_seed(0)
-            drafters, _ = recipe.new_drafters(llm, seqs, sorted(llm._eos_ids()), args.layers)
-            state = Path(tmp) / f"{name}.pt"
-            n = args.bench_steps
-            if name == "per-step teacher":
-                cfg = recipe.run_config(n + 1)
-                fit_jointly(drafters, seqs, replace(cfg, steps=1, save_every=10 ** 9), None, progress=False,
-                            head=recipe.fp32_head(llm.target), target=llm.target)
-                t0 = time.perf_counter()
-                fit_jointly(drafters, seqs, replace(cfg, steps=n, first_draw=cfg.seqs_per_step), None, progress=False,
-                            head=recipe.fp32_head(llm.target), target=llm.target)
-                blocks = n * cfg.seqs_per_step * cfg.anchors_per_seq
-            else:
-                cfg = CachedTrainConfig(steps=n + 1, seqs_per_step=args.seqs_per_step, blocks_per_seq=args.blocks_per_seq,
-                                        bf16=name == "cached bf16", save_every_seconds=10 ** 9)
-                fit_cached(drafters, cache, cfg, state, last, stop_at=1)
-                t0 = time.perf_counter()
-                run = fit_cached(drafters, cache, cfg, state, last)
-                blocks = sum(h["blocks"] for h in run.history[recipe.KINDS[0]][1:])
-            seconds = time.perf_counter() - t0
-            results[name] = {"steps": n, "blocks": blocks, "seconds": seconds, "blocks_per_s": blocks / seconds}
-            print(f"{name}: {blocks} blocks in {seconds:.1f} s = {blocks / seconds:.1f} blocks/s "
-                  f"({'+'.join(recipe.KINDS)} on the same batches)", flush=True)
-    print(json.dumps(results))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["cache", "train", "bench", "eval", "publish"])
+    ap.add_argument("command", choices=["cache", "train", "eval", "publish"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--run", default="main", help="run name: state, snapshots and curve in cached-runs/NAME")
     ap.add_argument("--minutes", type=float, default=0, help="train: stop at a checkpoint after this long")
@@ -373,10 +328,9 @@ def main() -> None:
     ap.add_argument("--build-cache", action="store_true", help="train: finish the teacher cache before training")
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--step", type=int, default=None, help="eval/publish: this snapshot (default: the last)")
-    ap.add_argument("--bench-steps", type=int, default=5, help="bench: timed steps per recipe")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
-    {"cache": cmd_cache, "train": cmd_train, "bench": cmd_bench, "eval": cmd_eval,
+    {"cache": cmd_cache, "train": cmd_train, "eval": cmd_eval,
      "publish": cmd_publish}[args.command](args)
 
 

@@ -77,8 +77,9 @@ def test_eval_sets_are_held_out_of_training_prompts():
     assert len(load_set("humaneval")) == 164 and len(load_set("chat")) >= 20 and len(load_set("math")) >= 20
 
 
-@pytest.mark.parametrize("script", ["bench_core.py", "bench_onnx.py", "bench_smollm2_ar.py"])
-def test_benchmark_scripts_time_the_engine_users_run(script):
+@pytest.mark.parametrize("script,command", [("bench_runtimes.py", "core"), ("bench_runtimes.py", "onnx"),
+                                            ("bench_runtimes.py", "transformers")])
+def test_benchmark_scripts_time_the_engine_users_run(script, command):
     """They time `LLMEngine` (via `sized_engine`), not the tests' single-sequence oracle, and parse their flags."""
     import subprocess
     import sys
@@ -87,5 +88,22 @@ def test_benchmark_scripts_time_the_engine_users_run(script):
     path = Path(__file__).parents[2] / "benchmarks" / script
     source = path.read_text()
     assert "decode_oracle" not in source and "generate_one" not in source and "sized_engine(" in source
-    run = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, str(path), command, "--help"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "usage:" in run.stdout and "(default:" in run.stdout, run.stderr
+
+
+def test_the_benchmarks_index_names_every_script_and_sub_command():
+    """docs/benchmarks.md's index table has a row per benchmarks/bench_*.py listing its sub-commands."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    rows = {line.split("|")[1].strip(" `"): line for line in (root / "docs" / "benchmarks.md").read_text().splitlines()
+            if line.startswith("| `benchmarks/bench_")}
+    for path in sorted((root / "benchmarks").glob("bench_*.py")):
+        row = rows.get(f"benchmarks/{path.name}")
+        assert row is not None, f"docs/benchmarks.md's index has no row for {path.name}"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["COMMANDS"]:
+                for key in node.value.keys:
+                    assert f"`{key.value}`" in row.split("|")[3], f"{path.name} {key.value} is not in its index row"

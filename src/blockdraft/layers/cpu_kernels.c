@@ -14,7 +14,7 @@
  * 16-bit activations keep the product as close to the bf16 activations' as the weights allow: mean KL
  * 0.00106 from fp32 on the default model (bf16: 0.00100; PyTorch's int4 kernel with bf16 scales:
  * 0.00157), where 8-bit ones, as llama.cpp and ONNX Runtime's int4 CPU path use, measured ~3x
- * PyTorch's kernel's KL (benchmarks/bench_fidelity.py).
+ * PyTorch's kernel's KL (benchmarks/bench_costs.py fidelity).
  * 8-bit activations are the same formula with every lo byte 0: the paths that know it skip the lo products
  * (one tile row per activation row, half the dot products), and the sums and float operations are unchanged.
  * The inner sums are integers (exact), and every row runs the same float operations in the same

@@ -20,7 +20,7 @@ q in -127..127), the precision 4-bit GGUFs keep it at; `int8` is that format for
 `int4-a8` is int4 with the activations carried at 8 bits per group of 32 instead of 16 (every layer, the
 LM head included), as llama.cpp's Q4_1 x Q8_1 and ONNX Runtime's int4 CPU path compute: one integer dot
 product per weight and row instead of two, so extra rows cost about half as much (one AMX tile product
-serves 16 rows), at a measured loss of fidelity (`benchmarks/bench_fidelity.py`; docs/numerics.md). It is
+serves 16 rows), at a measured loss of fidelity (`benchmarks/bench_costs.py fidelity`; docs/numerics.md). It is
 an explicit choice, never a default; speculation is as lossless against it as against int4. It needs
 blockdraft's own kernel (no PyTorch fallback computes it).
 
