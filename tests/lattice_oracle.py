@@ -76,7 +76,7 @@ class TorchLatticeBackend:
     def __init__(self, target: TargetModel, drafter: BlockDrafter, top_k: int = 8, capacity: int = 1024):
         cfg = drafter.config
         self.target, self.drafter, self.capacity = target, drafter, capacity
-        self.top_k = cfg.selector_top_k if cfg.kind == "dflash2" else top_k
+        self.top_k = cfg.heads.selector_top_k if cfg.kind == "dflash2" else top_k
         self.vocab_size, self.block_size = cfg.vocab_size, cfg.block_size
         self.num_draft_tokens, self.mask_token_id = cfg.num_draft_tokens, cfg.mask_token_id
         self.reset()

@@ -5,6 +5,8 @@ from functools import lru_cache
 import torch
 
 from blockdraft.config import DrafterConfig, TargetConfig
+from blockdraft.drafters.dflash2 import DFlash2Heads
+from blockdraft.drafters.dspark import DSparkHeads
 from blockdraft.models.drafter import BlockDrafter
 from blockdraft.models.target import TargetModel
 
@@ -19,9 +21,9 @@ def tiny_pair(kind: str) -> tuple[TargetModel, BlockDrafter]:
     target = TargetModel(tcfg)
     extra = {}
     if kind == "dspark":
-        extra = dict(markov_rank=4, enable_confidence_head=True)
+        extra = dict(heads=DSparkHeads(markov_rank=4, enable_confidence_head=True))
     if kind == "dflash2":
-        extra = dict(conv_kernel_size=2, conv_group_size=8, selector_top_k=4, selector_rank=4)
+        extra = dict(heads=DFlash2Heads(conv_kernel_size=2, conv_group_size=8, selector_top_k=4, selector_rank=4))
     dcfg = DrafterConfig(kind=kind, vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_layers=1,
                          num_heads=2, num_kv_heads=1, head_dim=16, target_layer_ids=(0, 1), mask_token_id=VOCAB - 1,
                          block_size=3 if kind != "dspark" else 2, shift_label=kind == "dspark",
@@ -49,7 +51,7 @@ def tiny_hybrid_pair(kind: str) -> tuple[TargetModel, BlockDrafter]:
     with torch.no_grad():
         for p in target.parameters():
             p.normal_(0.0, 0.3)
-    extra = dict(markov_rank=4, enable_confidence_head=True) if kind == "dspark" else {}
+    extra = dict(heads=DSparkHeads(markov_rank=4, enable_confidence_head=True)) if kind == "dspark" else {}
     dcfg = DrafterConfig(kind=kind, vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_layers=1,
                          num_heads=2, num_kv_heads=1, head_dim=16, target_layer_ids=(0, 2), mask_token_id=VOCAB - 1,
                          block_size=3 if kind != "dspark" else 2, shift_label=kind == "dspark",

@@ -8,6 +8,7 @@ published config onto `TargetConfig`, `checkpoints/resolve.py` maps drafter layo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import ConfigError
 
@@ -343,17 +344,9 @@ class DrafterConfig(DecoderDims):
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
-    # DSpark heads
-    markov_rank: int = 0
-    markov_head_type: str = "vanilla"
-    enable_confidence_head: bool = False
-    confidence_head_with_markov: bool = True
-    confidence_bias: bool = True
-    # DFlash2 heads
-    conv_kernel_size: int = 0
-    conv_group_size: int = 0
-    selector_top_k: int = 0
-    selector_rank: int = 0
+    # the kind's own head settings, a frozen record its module defines (`DrafterKind.heads`: DSpark's
+    # Markov and confidence heads, DFlash2's convs and selector); None for a kind without any
+    heads: Any = None
     # weights the drafter ships itself (else the target's are reused)
     own_embed_tokens: bool = False
     own_lm_head: bool = False
@@ -391,7 +384,7 @@ class DrafterConfig(DecoderDims):
         derived = self.block_size if self.shift_label else self.block_size - 1
         if self.num_draft_tokens == 0:
             object.__setattr__(self, "num_draft_tokens", derived)
-        from .drafters.registry import drafter_kind, kinds     # the kinds import this module
+        from .drafters.registry import drafter_kind, kind_of_heads     # the kinds import this module
         kind = drafter_kind(self.kind)                    # named ConfigError for an unknown kind
         self._check_dims()
         if self.block_size < 2:
@@ -428,12 +421,13 @@ class DrafterConfig(DecoderDims):
             if not self.own_lm_head:
                 raise ConfigError(f"draft_vocab_size={self.draft_vocab_size} needs the drafter's own "
                                   "lm_head.weight [draft_vocab_size, hidden_size]; it has none")
+        owner = kind_of_heads(self.heads)
+        if self.heads is not None and owner is None:
+            raise ConfigError(f"heads={self.heads!r} are no drafter kind's head settings")
+        if owner is not None and owner is not kind:
+            raise ConfigError(f"this drafter declares {owner.title} heads ({', '.join(self.heads.set_fields())}) "
+                              f"but runs as {self.kind!r}; run it in {owner.name!r} mode")
         kind.check(self)
-        for other in kinds():
-            claimed = other.claims(self) if other is not kind else []
-            if claimed:
-                raise ConfigError(f"this drafter declares {other.title} heads ({', '.join(claimed)}) but runs as "
-                                  f"{self.kind!r}; run it in {other.name!r} mode")
 
     def layer_is_causal(self, layer: int) -> bool:
         if self.is_causal is not None:

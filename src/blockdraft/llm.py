@@ -20,7 +20,8 @@ from pathlib import Path
 
 from .default_model import DEFAULT_DRAFTER, DEFAULT_DRAFTERS, NAME
 from .drafters import registry as drafter_kinds
-from .engine.engine import EngineConfig, LLMEngine, RequestOutput, default_cache_budget
+from .engine.engine import EngineConfig, LLMEngine, RequestOutput
+from .engine.spec import ModelSpec
 from .errors import ConfigError, RequestError
 from .loading import load_models
 from .numerics import describe, resolve_device, resolve_dtype, resolve_quantization
@@ -159,10 +160,10 @@ class LLM:
         """KV bytes for `max_batch` sequences of `max_len` tokens when the user set that limit; under the
         model's own (often 32k+) limit, `max_batch` rows of at most BUDGET_ROW_TOKENS and room for one
         full-length sequence, so memory stays sane and any admitted request still fits alone."""
+        spec = ModelSpec.of(self.target, self.drafter)
         if users_limit or max_len <= BUDGET_ROW_TOKENS:
-            return default_cache_budget(self.target, self.drafter, max_len, max_batch)
-        return max(default_cache_budget(self.target, self.drafter, BUDGET_ROW_TOKENS, max_batch),
-                   default_cache_budget(self.target, self.drafter, max_len, 1))
+            return spec.cache_budget(max_len, max_batch)
+        return max(spec.cache_budget(BUDGET_ROW_TOKENS, max_batch), spec.cache_budget(max_len, 1))
 
     def _eos_ids(self) -> frozenset[int]:
         ids = set(self.target.config.eos_token_ids)

@@ -53,7 +53,8 @@ def test_spelling_activates_dspark_heads(name):
         cfg.pop("architectures")
     resolved = resolve_drafter(cfg, DSPARK_SHAPES)
     assert resolved.kind == "dspark"
-    assert resolved.markov_rank == 16 and resolved.enable_confidence_head and resolved.confidence_head_with_markov
+    heads = resolved.heads
+    assert heads.markov_rank == 16 and heads.enable_confidence_head and heads.confidence_head_with_markov
     assert resolved.shift_label and resolved.num_draft_tokens == 5
     assert resolved.target_layer_ids == (0, 2) and resolved.block_size == 5 and resolved.mask_token_id == 126
 
@@ -70,7 +71,7 @@ def test_explicit_mode_and_runtime_json():
 def test_dflash_spellings_and_defaults():
     r = resolve_drafter(DFLASH_CFG, DFLASH_SHAPES)
     assert r.kind == "dflash" and not r.shift_label and r.num_draft_tokens == r.block_size - 1
-    assert r.markov_rank == 0 and not r.enable_confidence_head
+    assert r.heads is None                                  # no Markov or confidence head
 
 
 def test_training_keys_are_ignored():
@@ -160,6 +161,6 @@ def test_bare_markov_names_and_shared_embedding_load_identically(target, drafter
 
     path = _drafter_copy(tmp_path, "dspark", edit_tensors=rename)
     d = load_drafter(path, target)
-    assert d.config.kind == "dspark" and d.config.markov_rank == 16
+    assert d.config.kind == "dspark" and d.config.heads.markov_rank == 16
     ref = drafters["dspark"]
     assert torch.equal(d.markov_head.markov_w1.weight, ref.markov_head.markov_w1.weight)

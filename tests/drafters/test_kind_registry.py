@@ -49,6 +49,23 @@ def test_a_kind_without_a_loss_is_refused_by_train_before_any_work(capsys):
         assert f"train --kind {name} is not supported" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("kind", registry.names(lambda k: k.heads is not None))
+def test_head_settings_belong_to_their_kind(kind, drafters):
+    """A kind's head settings (`DrafterConfig.heads`) live in its module; a drafter carrying them under
+    another kind is refused by name, and an object no kind owns is refused."""
+    import dataclasses
+
+    heads = drafters[kind].config.heads
+    assert isinstance(heads, registry.drafter_kind(kind).heads)
+    assert registry.kind_of_heads(heads).name == kind
+    plain = drafters["dflash"].config
+    with pytest.raises(ConfigError, match=rf"declares {registry.drafter_kind(kind).title} heads \(.*\) but runs "
+                                          rf"as 'dflash'; run it in '{kind}' mode"):
+        dataclasses.replace(plain, heads=heads)
+    with pytest.raises(ConfigError, match=r"heads=\{'markov_rank': 4\} are no drafter kind's head settings"):
+        dataclasses.replace(plain, heads={"markov_rank": 4})
+
+
 def test_architecture_hint_names_unlisted_layouts():
     assert registry.kind_of_architecture("Qwen3_5DSparkDraftModel").name == "dspark"
     assert registry.kind_of_architecture("LlamaForCausalLM") is None

@@ -16,7 +16,7 @@ from blockdraft.errors import ConfigError
 from blockdraft.loading import load_drafter, load_target
 from blockdraft.parallel.launch import WorkerError, run_tp
 from blockdraft.parallel.shard import check_tp
-from blockdraft.parallel.tasks import GenerateJob, generate_task
+from blockdraft.cli.tp import GenerateJob, generate_task
 from blockdraft.sampling.params import SamplingParams
 from conftest import ASSETS, random_prompts
 

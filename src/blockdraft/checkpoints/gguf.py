@@ -18,10 +18,11 @@ import torch
 from safetensors.torch import save_file
 
 from ..errors import CheckpointError, ConfigError
+from ..models.registry import gguf_spelling
 
 log = logging.getLogger(__name__)
 
-LLAMA_NAMES = {
+GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
@@ -49,15 +50,13 @@ def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def gguf_config(reader) -> dict:
-    arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ConfigError(f"GGUF architecture {arch!r} is not supported (supported: llama)")
-    p = "llama."
+    spelling = gguf_spelling(_field(reader, "general.architecture"))
+    p = spelling.architecture + "."
     tokens = _field(reader, "tokenizer.ggml.tokens")
     hidden, heads = int(_field(reader, p + "embedding_length")), int(_field(reader, p + "attention.head_count"))
     has_output = any(t.name == "output.weight" for t in reader.tensors)
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "architectures": [spelling.hf_architecture], "model_type": spelling.model_type,
         "vocab_size": int(_field(reader, p + "vocab_size", len(tokens))),
         "hidden_size": hidden, "intermediate_size": int(_field(reader, p + "feed_forward_length")),
         "num_hidden_layers": int(_field(reader, p + "block_count")), "num_attention_heads": heads,
@@ -77,7 +76,7 @@ def gguf_tensors(reader, config: dict, dtype: torch.dtype, progress) -> dict[str
 
     out = {}
     for t in reader.tensors:
-        name = LLAMA_NAMES.get(t.name)
+        name = GLOBAL_NAMES.get(t.name)
         if name is None:
             parts = t.name.split(".")           # blk.N.attn_q.weight
             if parts[0] != "blk" or parts[2] not in LAYER_NAMES:
@@ -94,7 +93,7 @@ def gguf_tensors(reader, config: dict, dtype: torch.dtype, progress) -> dict[str
     return out
 
 
-def gguf_tokenizer(reader):
+def gguf_tokenizer(reader, context_length: int):
     """Byte-level BPE from the GGUF vocabulary, merges and control tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -115,14 +114,14 @@ def gguf_tokenizer(reader):
     ids = {name: _field(reader, f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos", "unknown", "padding")}
     name_of = (lambda i: tokens[i] if i is not None else None)
     # tokenizer_class: a generic fast tokenizer over tokenizer.json. Without it transformers picks
-    # LlamaTokenizerFast from model_type=llama, which adds an `<unk>` token the model does not have
+    # the model_type's own tokenizer class (LlamaTokenizerFast for Llama), which adds an `<unk>` token the model does not have
     # (49,153 ids for a 49,152-row embedding) when no unk_token is named.
     tok_config = {"tokenizer_class": "PreTrainedTokenizerFast",
                   "bos_token": name_of(ids["bos"]), "eos_token": name_of(ids["eos"]),
                   "unk_token": name_of(ids["unknown"]), "pad_token": name_of(ids["padding"]),
                   "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
                   "chat_template": _field(reader, "tokenizer.chat_template"),
-                  "model_max_length": int(_field(reader, "llama.context_length", 2048))}
+                  "model_max_length": context_length}
     return tok, tok_config
 
 
@@ -151,7 +150,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "bfloa
                disable=not show_progress)
     tensors = gguf_tensors(reader, config, torch_dtype, bar.update)
     bar.close()
-    tokenizer, tok_config = gguf_tokenizer(reader)
+    tokenizer, tok_config = gguf_tokenizer(reader, config["max_position_embeddings"])
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     config["blockdraft_convert_version"] = CONVERT_VERSION

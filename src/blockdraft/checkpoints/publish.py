@@ -20,6 +20,7 @@ from ..drafters import registry as kinds
 from ..errors import ConfigError
 from .rope_layout import reorder_rotated
 from ..models.drafter import BlockDrafter
+from ..models.registry import drafter_model_type
 from ..models.target import TargetModel
 
 
@@ -31,6 +32,7 @@ def new_drafter(target: TargetModel, kind: str, num_layers: int, block_size: int
     t = target.config
     spec = kinds.drafter_kind(kind)
     extra.setdefault("tap_point", spec.tap_point)
+    extra.setdefault("heads", spec.fresh(markov_rank))
     if draft_vocab is not None:
         draft_vocab = torch.as_tensor(draft_vocab, dtype=torch.long)
         if not bool((draft_vocab[1:] > draft_vocab[:-1]).all()):
@@ -41,7 +43,7 @@ def new_drafter(target: TargetModel, kind: str, num_layers: int, block_size: int
                         num_kv_heads=t.num_kv_heads, head_dim=t.head_dim, target_layer_ids=tuple(target_layer_ids),
                         mask_token_id=mask_token_id, block_size=block_size, shift_label=spec.shift_label,
                         rms_norm_eps=t.rms_norm_eps, rope=t.rope, layer_types=("full_attention",) * num_layers,
-                        **spec.fresh(markov_rank), **extra)
+                        **extra)
     drafter = BlockDrafter(cfg, target).to(target.dtype)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -63,7 +65,7 @@ def published_config(cfg: DrafterConfig, target: TargetModel) -> dict:
     rope = {"rope_type": cfg.rope.rope_type, "rope_theta": cfg.rope.theta}
     if cfg.rope.rope_type != "default":
         rope.update(factor=cfg.rope.factor, original_max_position_embeddings=cfg.rope.original_max_position_embeddings)
-    out = {"model_type": "qwen3", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+    out = {"model_type": drafter_model_type(), "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
            "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
            "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope.theta, "rope_parameters": rope,

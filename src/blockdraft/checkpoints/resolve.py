@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 
 _MISSING = object()
 
-# field -> where it may be spelled: ("nested", key) looks in dflash_config then dspark_config.
+# field -> the places it may be spelled (a dotted key looks inside a nested section); each kind adds
+# its own head fields (`DrafterKind.spellings`)
 DRAFTER_SPELLINGS: dict[str, list[str]] = {
     "tap_point": ["dflash_config.tap_point", "dspark_config.tap_point", "tap_point", "dspark_tap_point"],
     "target_layer_ids": ["dflash_config.target_layer_ids", "dspark_config.target_layer_ids",
@@ -32,24 +33,14 @@ DRAFTER_SPELLINGS: dict[str, list[str]] = {
     "mask_token_id": ["dflash_config.mask_token_id", "dspark_config.mask_token_id", "mask_token_id",
                       "dspark_mask_token_id", "dspark_noise_token_id"],
     "block_size": ["dflash_config.block_size", "dspark_config.block_size", "block_size", "dspark_block_size"],
-    "markov_rank": ["markov_rank", "dflash_config.markov_rank", "dspark_config.markov_rank", "dspark_markov_rank"],
-    "markov_head_type": ["markov_head_type", "dflash_config.markov_head_type",
-                         "dspark_config.markov_head_type", "dspark_markov_head_type"],
-    "enable_confidence_head": ["enable_confidence_head", "dflash_config.enable_confidence_head",
-                               "dspark_config.enable_confidence_head", "dspark_enable_confidence_head"],
-    "confidence_head_with_markov": ["confidence_head_with_markov", "dflash_config.confidence_head_with_markov",
-                                    "dspark_config.confidence_head_with_markov",
-                                    "dspark_confidence_head_with_markov"],
     "shift_label": ["shift_label", "dflash_config.shift_label", "dspark_config.shift_label", "dspark_shift_label"],
     "num_draft_tokens": ["num_draft_tokens", "dflash_config.num_draft_tokens", "dspark_config.num_draft_tokens"],
     "input_embedding_scale": ["dflash_config.input_embedding_scale", "input_embedding_scale"],
     "output_multiplier": ["dflash_config.output_multiplier", "output_multiplier"],
     "final_logit_softcapping": ["dflash_config.final_logit_softcapping", "final_logit_softcapping"],
-    "conv_kernel_size": ["dflash_config.conv_kernel_size", "conv_kernel_size"],
-    "conv_group_size": ["dflash_config.conv_group_size", "conv_group_size"],
-    "selector_top_k": ["dflash_config.selector_top_k", "selector_top_k"],
-    "selector_rank": ["dflash_config.selector_rank", "selector_rank"],
 }
+
+DRAFTER_SPELLINGS.update({name: list(places) for name, places in kinds.spellings().items()})
 
 # An ORT-GenAI runtime JSON section (`model.dspark` / `model.dflash2`) is one more spelling of each field.
 for _name, _places in DRAFTER_SPELLINGS.items():
@@ -175,8 +166,6 @@ def resolve_drafter(cfg: dict, tensor_shapes: dict[str, tuple[int, ...]], mode: 
             return default
         return value
 
-    markov_rank = _markov_rank(merged, tensor_shapes)
-    conf_enabled = bool(field("enable_confidence_head", False)) or "confidence_head.proj.weight" in tensor_shapes
     layer_types = tuple(cfg.get("layer_types") or ("full_attention",) * dims["num_layers"])
     softcap = field("final_logit_softcapping", None)
     return DrafterConfig(
@@ -193,15 +182,7 @@ def resolve_drafter(cfg: dict, tensor_shapes: dict[str, tuple[int, ...]], mode: 
         input_embedding_scale=float(field("input_embedding_scale", 1.0)),
         output_multiplier=float(field("output_multiplier", 1.0)),
         final_logit_softcapping=None if softcap is None else float(softcap),
-        markov_rank=markov_rank,
-        markov_head_type=str(field("markov_head_type", "vanilla")),
-        enable_confidence_head=conf_enabled,
-        confidence_head_with_markov=bool(field("confidence_head_with_markov", True)),
-        confidence_bias="confidence_head.proj.bias" in tensor_shapes or not tensor_shapes,
-        conv_kernel_size=int(field("conv_kernel_size", 0)),
-        conv_group_size=int(field("conv_group_size", 0)),
-        selector_top_k=int(field("selector_top_k", 0)),
-        selector_rank=int(field("selector_rank", 0)),
+        heads=None if spec.heads_from is None else spec.heads_from(field, tensor_shapes),
         own_embed_tokens="embed_tokens.weight" in tensor_shapes,
         own_lm_head="lm_head.weight" in tensor_shapes,
         tap_point=str(field("tap_point", spec.tap_point)),
@@ -284,23 +265,3 @@ def _resolve_kind(cfg: dict, shapes: dict, mode: str | None) -> str:
                                   "as another kind")
             raise ConfigError(f"conflicting drafter kind: {first_src} says {kind!r}, {src} says {other!r}")
     return kind
-
-
-def _markov_rank(cfg: dict, shapes: dict) -> int:
-    configured = read_field(cfg, "markov_rank")
-    w1 = shapes.get("markov_head.markov_w1.weight")
-    w2 = shapes.get("markov_head.markov_w2.weight")
-    if (w1 is None) != (w2 is None):
-        raise ConfigError("Markov head is incomplete: need both markov_w1 and markov_w2 "
-                          f"(found markov_w1={w1}, markov_w2={w2})")
-    if w1 is None:
-        return 0 if configured is _MISSING else int(configured)
-    rank = w1[1]
-    if rank == 0 or w2[1] == 0:
-        raise ConfigError(f"Markov head weights resolve to rank 0 (markov_w1 {w1}, markov_w2 {w2}); "
-                          "refusing to drop the head")
-    if w2[1] != rank:
-        raise ConfigError(f"markov_w1 rank {rank} != markov_w2 rank {w2[1]}")
-    if configured is not _MISSING and int(configured) != rank:
-        raise ConfigError(f"markov_rank={configured} in config but the weights have rank {rank}")
-    return rank

@@ -73,7 +73,7 @@ def _generate_tp(args: argparse.Namespace) -> int:
     """`generate --tp N`: validate in this process, then N ranks run the engine; rank 0 answers."""
     from ..engine.admission import check_request
     from ..parallel.launch import run_tp
-    from ..parallel.tasks import GenerateJob, generate_task
+    from .tp import GenerateJob, generate_task
 
     kwargs = llm_kwargs(args, block_size=args.block_size, confidence_threshold=args.confidence_threshold,
                          max_batch=1, quantization="none")

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         import signal
 
         from ..parallel.launch import run_tp
-        from ..parallel.tasks import ServeJob, serve_task
+        from .tp import ServeJob, serve_task
 
         tp_probe(args, {**kwargs, "max_batch": 1, "cache_budget_bytes": None})      # validate, then drop it
         signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches rank 0, which shuts the group down

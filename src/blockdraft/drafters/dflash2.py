@@ -7,6 +7,9 @@ Published as `DFlash2DraftModel`, its keys nested under `dflash_config`; ONNX Ru
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass, fields
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -22,6 +25,28 @@ from . import dflash
 from .kind import DrafterKind, OnnxExport
 
 NAME = "dflash2"
+
+
+@dataclass(frozen=True)
+class DFlash2Heads:
+    """DFlash2's convolution and candidate-selector settings, named as z-lab's `dflash_config` spells them."""
+
+    conv_kernel_size: int
+    conv_group_size: int        # channels per dynamic-kernel group; divides hidden_size
+    selector_top_k: int         # candidates per slot in the lattice, fixed by training
+    selector_rank: int          # codebook / projection width of the edge scorer
+
+    def set_fields(self) -> list[str]:
+        return [f"{f.name}={getattr(self, f.name)}" for f in fields(self)]
+
+
+# where published configs spell each field (`registry.spellings` adds the ONNX runtime section)
+SPELLINGS = {f.name: (f"dflash_config.{f.name}", f.name) for f in fields(DFlash2Heads)}
+
+
+def heads_from(read, shapes: dict) -> DFlash2Heads:
+    """The settings from a published config (`read(field, default)`); a missing one reads 0 and is refused."""
+    return DFlash2Heads(**{name: int(read(name, 0)) for name in SPELLINGS})
 
 
 class GroupedCausalConv(nn.Module):
@@ -62,10 +87,11 @@ class CandidateSelector(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        self.top_k = cfg.selector_top_k
-        self.predecessor_codebook = nn.Embedding(cfg.vocab_size, cfg.selector_rank)
-        self.successor_codebook = nn.Embedding(cfg.vocab_size, cfg.selector_rank)
-        self.hidden_projection = StableLinear(cfg.hidden_size, cfg.selector_rank, bias=False)
+        self.top_k = cfg.heads.selector_top_k
+        rank = cfg.heads.selector_rank
+        self.predecessor_codebook = nn.Embedding(cfg.vocab_size, rank)
+        self.successor_codebook = nn.Embedding(cfg.vocab_size, rank)
+        self.hidden_projection = StableLinear(cfg.hidden_size, rank, bias=False)
 
 
 def dflash2_lattice(logits: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor,
@@ -90,18 +116,21 @@ def lattice(drafter, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.T
 def propose(drafter, hidden: torch.Tensor, anchor: torch.Tensor, params: SamplingParams,
             generator: torch.Generator | None) -> Proposal:
     """Draft-slot hidden [b, n, D] -> the walk through its candidate lattice."""
-    lat = lattice(drafter, hidden, drafter.logits(hidden), anchor, drafter.config.selector_top_k)
+    lat = lattice(drafter, hidden, drafter.logits(hidden), anchor, drafter.config.heads.selector_top_k)
     tokens, probs = walk(lat, params, generator, drafter.config.vocab_size)
     return Proposal(tokens, probs)
 
 
 def check(cfg) -> None:
-    for name in ("conv_kernel_size", "conv_group_size", "selector_top_k", "selector_rank"):
-        _positive(name, getattr(cfg, name))
-    if cfg.hidden_size % cfg.conv_group_size:
-        raise ConfigError(f"conv_group_size={cfg.conv_group_size} does not divide hidden_size={cfg.hidden_size}")
-    if cfg.selector_top_k > cfg.output_vocab_size:
-        raise ConfigError(f"selector_top_k={cfg.selector_top_k} exceeds the draft vocabulary "
+    heads = cfg.heads
+    if heads is None:
+        raise ConfigError(f"DFlash2 needs its {', '.join(SPELLINGS)}; the config has none")
+    for name in SPELLINGS:
+        _positive(name, getattr(heads, name))
+    if cfg.hidden_size % heads.conv_group_size:
+        raise ConfigError(f"conv_group_size={heads.conv_group_size} does not divide hidden_size={cfg.hidden_size}")
+    if heads.selector_top_k > cfg.output_vocab_size:
+        raise ConfigError(f"selector_top_k={heads.selector_top_k} exceeds the draft vocabulary "
                           f"({cfg.output_vocab_size} tokens)")
 
 
@@ -110,15 +139,14 @@ def add_heads(drafter: nn.Module, cfg) -> None:
 
 
 def layer_mixers(cfg) -> tuple[GroupedCausalConv, GroupedCausalConv]:
-    return (GroupedCausalConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size),
-            GroupedCausalConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size))
+    kernel, group = cfg.heads.conv_kernel_size, cfg.heads.conv_group_size
+    return GroupedCausalConv(cfg.hidden_size, kernel, group), GroupedCausalConv(cfg.hidden_size, kernel, group)
 
 
 def published(cfg) -> dict:
     out = dflash.published(cfg)
     out["architectures"] = ["DFlash2DraftModel"]
-    out["dflash_config"].update(conv_kernel_size=cfg.conv_kernel_size, conv_group_size=cfg.conv_group_size,
-                                selector_top_k=cfg.selector_top_k, selector_rank=cfg.selector_rank)
+    out["dflash_config"].update(dataclasses.asdict(cfg.heads))
     return out
 
 
@@ -129,7 +157,7 @@ KIND = DrafterKind(
     architectures=("DFlash2DraftModel",),
     shift_label=False, tap_point="hidden_states",
     check=check, add_heads=add_heads, propose=propose, publish=published, lattice=lattice,
-    layer_mixers=layer_mixers,
+    layer_mixers=layer_mixers, heads=DFlash2Heads, heads_from=heads_from, spellings=SPELLINGS,
     tensor_spellings={f"{c}.weight": (c, f"{c}.weight") for c in CODEBOOKS},
     suffixless=CODEBOOKS,
     onnx=OnnxExport(fixed_top_k="selector_top_k", one_window=True),

@@ -13,6 +13,8 @@ ONNX Runtime GenAI's `model.dspark`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -28,6 +30,36 @@ from ..spec_decode.proposal import Proposal
 from .kind import DrafterKind, OnnxExport, Training
 
 NAME = "dspark"
+
+
+@dataclass(frozen=True)
+class DSparkHeads:
+    """DSpark's head settings, named as DeepSpec's config spells them."""
+
+    markov_rank: int                          # W1 [V, r], W2 [r -> Vd]
+    markov_head_type: str = "vanilla"
+    enable_confidence_head: bool = False
+    confidence_head_with_markov: bool = True  # the confidence head also reads W1[prev]
+    confidence_bias: bool = True
+
+    def set_fields(self) -> list[str]:
+        """`field=value` for each switch that gives a drafter DSpark heads (rank > 0, confidence head on)."""
+        return _heads_switched_on(lambda name: getattr(self, name))
+
+
+HEAD_FIELDS = ("markov_rank", "enable_confidence_head")     # set (nonzero / true): the drafter has DSpark heads
+
+# where published configs spell each head field (`registry.spellings` adds the ONNX runtime section)
+SPELLINGS = {
+    "markov_rank": ("markov_rank", "dflash_config.markov_rank", "dspark_config.markov_rank", "dspark_markov_rank"),
+    "markov_head_type": ("markov_head_type", "dflash_config.markov_head_type", "dspark_config.markov_head_type",
+                         "dspark_markov_head_type"),
+    "enable_confidence_head": ("enable_confidence_head", "dflash_config.enable_confidence_head",
+                               "dspark_config.enable_confidence_head", "dspark_enable_confidence_head"),
+    "confidence_head_with_markov": ("confidence_head_with_markov", "dflash_config.confidence_head_with_markov",
+                                    "dspark_config.confidence_head_with_markov",
+                                    "dspark_confidence_head_with_markov"),
+}
 
 
 class MarkovHead(nn.Module):
@@ -146,8 +178,8 @@ def propose(drafter, hidden: torch.Tensor, anchor: torch.Tensor, params: Samplin
     tokens, probs, embeds = markov_chain(logits, anchor, drafter.markov_head, params, generator, to_target)
     probs = None if probs is None else drafter.to_target_vocab(probs)
     confidence = None
-    if cfg.enable_confidence_head:
-        conf_logits = drafter.confidence_head(hidden, embeds if cfg.confidence_head_with_markov else None)
+    if cfg.heads.enable_confidence_head:
+        conf_logits = drafter.confidence_head(hidden, embeds if cfg.heads.confidence_head_with_markov else None)
         confidence = torch.sigmoid(conf_logits)
     return Proposal(tokens, probs, confidence)
 
@@ -158,14 +190,13 @@ def forced_logits(drafter, logits: torch.Tensor, prev: torch.Tensor) -> torch.Te
 
 
 def check(cfg) -> None:
-    if cfg.markov_head_type != "vanilla":
-        raise ConfigError(f"markov_head_type={cfg.markov_head_type!r} is not implemented (only 'vanilla'); "
+    heads = cfg.heads
+    if heads is None or heads.markov_rank <= 0:
+        raise ConfigError(f"markov_rank={0 if heads is None else heads.markov_rank}: DSpark needs a Markov head "
+                          "of rank > 0")
+    if heads.markov_head_type != "vanilla":
+        raise ConfigError(f"markov_head_type={heads.markov_head_type!r} is not implemented (only 'vanilla'); "
                           "refusing to run it as vanilla")
-    if cfg.markov_rank <= 0:
-        raise ConfigError(f"markov_rank={cfg.markov_rank}: DSpark needs a Markov head of rank > 0")
-
-
-HEAD_FIELDS = ("markov_rank", "enable_confidence_head")     # set (nonzero / true): the drafter has DSpark heads
 
 
 def _heads_switched_on(read) -> list[str]:
@@ -173,28 +204,56 @@ def _heads_switched_on(read) -> list[str]:
     return [f"{name}={value}" for name in HEAD_FIELDS if (value := read(name))]
 
 
-def claims(cfg) -> list[str]:
-    return _heads_switched_on(lambda name: getattr(cfg, name))
-
-
 def evidence(read, shapes: dict) -> list[str]:
     """Head tensors in the weights, or a Markov rank / confidence head switched on in the config."""
     return [n for n in shapes if n.startswith(("markov_head.", "confidence_head."))] + _heads_switched_on(read)
 
 
+def heads_from(read, shapes: dict) -> DSparkHeads:
+    """The head settings from a published config (`read(field, default)`) and its tensor shapes, which
+    must agree."""
+    return DSparkHeads(
+        markov_rank=_markov_rank(read("markov_rank", None), shapes),
+        markov_head_type=str(read("markov_head_type", "vanilla")),
+        enable_confidence_head=bool(read("enable_confidence_head", False)) or "confidence_head.proj.weight" in shapes,
+        confidence_head_with_markov=bool(read("confidence_head_with_markov", True)),
+        confidence_bias="confidence_head.proj.bias" in shapes or not shapes,
+    )
+
+
+def _markov_rank(configured, shapes: dict) -> int:
+    w1 = shapes.get("markov_head.markov_w1.weight")
+    w2 = shapes.get("markov_head.markov_w2.weight")
+    if (w1 is None) != (w2 is None):
+        raise ConfigError("Markov head is incomplete: need both markov_w1 and markov_w2 "
+                          f"(found markov_w1={w1}, markov_w2={w2})")
+    if w1 is None:
+        return 0 if configured is None else int(configured)
+    rank = w1[1]
+    if rank == 0 or w2[1] == 0:
+        raise ConfigError(f"Markov head weights resolve to rank 0 (markov_w1 {w1}, markov_w2 {w2}); "
+                          "refusing to drop the head")
+    if w2[1] != rank:
+        raise ConfigError(f"markov_w1 rank {rank} != markov_w2 rank {w2[1]}")
+    if configured is not None and int(configured) != rank:
+        raise ConfigError(f"markov_rank={configured} in config but the weights have rank {rank}")
+    return rank
+
+
 def add_heads(drafter: nn.Module, cfg) -> None:
-    drafter.markov_head = MarkovHead(cfg.vocab_size, cfg.markov_rank, cfg.output_vocab_size)
-    if cfg.enable_confidence_head:
-        extra = cfg.markov_rank if cfg.confidence_head_with_markov else 0
-        drafter.confidence_head = ConfidenceHead(cfg.hidden_size + extra, cfg.confidence_bias)
+    heads = cfg.heads
+    drafter.markov_head = MarkovHead(cfg.vocab_size, heads.markov_rank, cfg.output_vocab_size)
+    if heads.enable_confidence_head:
+        extra = heads.markov_rank if heads.confidence_head_with_markov else 0
+        drafter.confidence_head = ConfidenceHead(cfg.hidden_size + extra, heads.confidence_bias)
 
 
 def published(cfg) -> dict:
     """DeepSeek DeepSpec's layout: top-level keys."""
     return {"architectures": ["Qwen3DSparkModel"], "target_layer_ids": list(cfg.target_layer_ids),
-            "mask_token_id": cfg.mask_token_id, "markov_rank": cfg.markov_rank,
-            "enable_confidence_head": cfg.enable_confidence_head,
-            "confidence_head_with_markov": cfg.confidence_head_with_markov}
+            "mask_token_id": cfg.mask_token_id, "markov_rank": cfg.heads.markov_rank,
+            "enable_confidence_head": cfg.heads.enable_confidence_head,
+            "confidence_head_with_markov": cfg.heads.confidence_head_with_markov}
 
 
 class ShardedMarkovHead(MarkovHead):
@@ -229,8 +288,9 @@ KIND = DrafterKind(
     shift_label=True, tap_point="layer_output",
     check=check, add_heads=add_heads, propose=propose, publish=published, lattice=lattice,
     forced_logits=forced_logits,
-    fresh=lambda markov_rank: {"markov_rank": markov_rank, "enable_confidence_head": True},
-    claims=claims, evidence=evidence,
+    heads=DSparkHeads, heads_from=heads_from, spellings=SPELLINGS,
+    fresh=lambda markov_rank: DSparkHeads(markov_rank, enable_confidence_head=True),
+    evidence=evidence,
     tensor_spellings={
         "markov_head.markov_w1.weight": ("markov_head.markov_w1.weight", "markov_w1.weight"),
         "markov_head.markov_w2.weight": ("markov_head.markov_w2.weight", "markov_w2.weight"),

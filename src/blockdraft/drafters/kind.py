@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class OnnxExport:
     """How `export onnx` writes the kind as ONNX Runtime GenAI's lattice contract (`model.<kind>` section)."""
 
-    # the DrafterConfig field holding the lattice width the drafter was trained for, which `--top-k` may not
+    # the field of the kind's `heads` holding the lattice width the drafter was trained for, which `--top-k` may not
     # change (None: `--top-k` chooses)
     fixed_top_k: str | None = None
     # ONNX Runtime GenAI gives every drafter layer one ring: exportable only when all layers slide with one window
@@ -69,11 +69,16 @@ class DrafterKind:
     layer_mixers: Callable[["DrafterConfig"], tuple[Any, Any]] = lambda cfg: (None, None)
     # (drafter, slot logits [N, V], previous true tokens [N]) -> the logits a teacher-forced slot argmaxes
     forced_logits: Callable[..., torch.Tensor] = no_change
-    # DrafterConfig fields a freshly initialised drafter of the kind gets, given the Markov rank asked for
-    fresh: Callable[[int], dict] = lambda markov_rank: {}
-    # (cfg) -> "field=value" for every field set that only this kind runs (a drafter that has them must
-    # run as this kind, never as another)
-    claims: Callable[["DrafterConfig"], list[str]] = lambda cfg: []
+    # the frozen dataclass of the kind's own head settings (`DrafterConfig.heads`), None for a kind
+    # without settings; its `set_fields()` lists them as "field=value" (a drafter that has them must run
+    # as this kind, never as another)
+    heads: type | None = None
+    # (read: (field, default) -> a published config's value, tensor shapes) -> its `heads` record
+    heads_from: Callable[[Callable[[str, Any], Any], dict], Any] | None = None
+    # head field -> the places published configs spell it (the resolver reads them like the shared fields)
+    spellings: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # the `heads` a freshly initialised drafter of the kind gets, given the Markov rank asked for
+    fresh: Callable[[int], Any] = lambda markov_rank: None
     # (read: a drafter field's value by name, None where no spelling has it; tensor shapes) -> evidence
     # that a checkpoint carries this kind's heads
     evidence: Callable[[Callable[[str], Any], dict], list[str]] = lambda read, shapes: []

@@ -61,6 +61,16 @@ def tensor_spellings() -> dict[str, tuple[str, ...]]:
     return {name: spellings for kind in kinds() for name, spellings in kind.tensor_spellings.items()}
 
 
+def spellings() -> dict[str, tuple[str, ...]]:
+    """Every kind's head field -> the places published configs spell it."""
+    return {name: places for kind in kinds() for name, places in kind.spellings.items()}
+
+
+def kind_of_heads(heads) -> DrafterKind | None:
+    """The kind whose head settings `heads` is (None for None)."""
+    return next((kind for kind in kinds() if kind.heads is not None and isinstance(heads, kind.heads)), None)
+
+
 def suffixless() -> tuple[str, ...]:
     """Tensors every kind publishes without the `.weight` suffix."""
     return tuple(name for kind in kinds() for name in kind.suffixless)

@@ -66,7 +66,7 @@ def export_onnx(target_dir: str | Path, drafter_dir: str | Path, out_dir: str | 
         raise ConfigError(f"export onnx writes the ORT-GenAI lattice contract, which covers {exported} "
                           f"drafters; {drafter_dir} resolves to kind={cfg.kind!r}")
     if kind.onnx.fixed_top_k is not None:
-        fixed = getattr(cfg, kind.onnx.fixed_top_k)
+        fixed = getattr(cfg.heads, kind.onnx.fixed_top_k)
         if top_k is not None and top_k != fixed:
             raise ConfigError(f"--top-k {top_k}: a {kind.name} drafter's lattice is trained for "
                               f"{kind.onnx.fixed_top_k}={fixed}; omit --top-k or pass that value")

@@ -29,6 +29,15 @@ class Capabilities:
 
 
 @dataclass(frozen=True)
+class GgufSpelling:
+    """How llama.cpp names the family in a GGUF file, and the Hugging Face spelling `convert` writes."""
+
+    architecture: str       # GGUF `general.architecture`; also the prefix of its hyper-parameter keys
+    hf_architecture: str    # config.json `architectures[0]` of the converted directory
+    model_type: str         # config.json `model_type` of the converted directory
+
+
+@dataclass(frozen=True)
 class DecoderParts:
     """What a family's layer constructor hands the `TargetModel` shell."""
 
@@ -75,6 +84,11 @@ class Family:
     # a drafter config that copies this family's config (DeepSpec's Gemma 4 DSpark) -> the drafter
     # dims it overrides; {} for any other drafter
     drafter_dims: Callable[[dict, dict], dict] | None = None
+    # GGUF files of this family that `blockdraft convert` reads; None = not convertible
+    gguf: GgufSpelling | None = None
+    # the `model_type` a drafter built of this family's layers declares when it is published (z-lab's
+    # and DeepSpec's drafters are Qwen3 layers); None for a family drafters are not built of
+    drafter_model_type: str | None = None
 
     @property
     def owned(self) -> tuple[str, ...]:

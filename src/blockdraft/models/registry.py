@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..errors import ConfigError
-from .family import Family
+from .family import Family, GgufSpelling
 from .families import gemma4, gpt_oss, lfm2, llama, qwen3_5
 
 FAMILIES: tuple[Family, ...] = (llama.FAMILY, qwen3_5.FAMILY, lfm2.FAMILY, gpt_oss.FAMILY, gemma4.FAMILY)
@@ -85,3 +85,19 @@ def drafter_dims(cfg: dict, shapes: dict[str, tuple[int, ...]]) -> dict:
             if dims:
                 return dims
     return {}
+
+
+def gguf_spelling(gguf_architecture: str) -> GgufSpelling:
+    """The family whose GGUF files name `general.architecture` so, as its GGUF spelling."""
+    spellings = [f.gguf for f in _families.values() if f.gguf is not None]
+    for spelling in spellings:
+        if spelling.architecture == gguf_architecture:
+            return spelling
+    raise ConfigError(f"GGUF architecture {gguf_architecture!r} is not supported "
+                      f"(supported: {', '.join(s.architecture for s in spellings)})")
+
+
+def drafter_model_type() -> str:
+    """The `model_type` a published drafter declares: that of the family its layers come from."""
+    (model_type,) = {f.drafter_model_type for f in _families.values() if f.drafter_model_type is not None}
+    return model_type

@@ -153,8 +153,9 @@ def dspark_loss(drafter: BlockDrafter, block: Block, ce_alpha: float = 0.1, l1_a
         l1 = (torch.softmax(z, dim=-1) - p).abs().sum(-1) + outside            # in [0, 2]
     loss = _weighted(ce_alpha * ce + l1_alpha * l1, w)
     out = {"ce": _weighted(ce, w).detach(), "l1": _weighted(l1, w).detach()}
-    if drafter.config.enable_confidence_head:
-        conf = drafter.confidence_head(block.hidden, embed if drafter.config.confidence_head_with_markov else None)
+    heads = drafter.config.heads
+    if heads.enable_confidence_head:
+        conf = drafter.confidence_head(block.hidden, embed if heads.confidence_head_with_markov else None)
         goal = (1 - 0.5 * l1).detach().clamp(0, 1)
         bce = _weighted(F.binary_cross_entropy_with_logits(conf, goal, reduction="none"), block.weight)
         loss = loss + conf_alpha * bce

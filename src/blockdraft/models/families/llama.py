@@ -9,7 +9,7 @@ from __future__ import annotations
 from ...checkpoints.hf_config import check_silu, decoder_dims, eos_ids
 from ...config import TargetConfig
 from ..decoder import DecoderLayer
-from ..family import Capabilities, Family, plain_decoder
+from ..family import Capabilities, Family, GgufSpelling, plain_decoder
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
 MODEL_TYPES = {"llama": "llama", "qwen3": "qwen3"}
@@ -32,4 +32,6 @@ FAMILY = Family(
     name="llama", architectures=ARCHITECTURES, model_types=MODEL_TYPES, resolve=resolve,
     decoder=plain_decoder(DecoderLayer),
     capabilities=Capabilities(tensor_parallel=True, onnx_export=True, fused_layer_stack=True),
+    gguf=GgufSpelling(architecture="llama", hf_architecture="LlamaForCausalLM", model_type="llama"),
+    drafter_model_type="qwen3",    # the drafter layers (models/drafter.py) are Qwen3 layers: q/k norm
 )

@@ -1,6 +1,7 @@
-"""What each tensor-parallel rank runs: the sharded models under the ordinary batch engine.
+"""`generate --tp N` and `serve --tp N` on each tensor-parallel rank: the sharded models under the
+ordinary batch engine, started by `parallel/launch.run_tp`.
 
-Rank 0 schedules and every rank runs the same step (`mirror.py`): full logits are gathered
+Rank 0 schedules and every rank runs the same step (`parallel/mirror.py`): full logits are gathered
 for verification, the DSpark chain's argmax is global, seeded sampling uses identical
 generators, so every rank makes the same decisions; rank 0's result is returned.
 """
@@ -11,8 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..llm import LLM
+from ..parallel.layers import TPGroup
+from ..parallel.mirror import follow
 from ..sampling.params import SamplingParams
-from .layers import TPGroup
 
 
 @dataclass(frozen=True)
@@ -24,9 +27,6 @@ class GenerateJob:
 
 
 def generate_task(tp: TPGroup, job: GenerateJob) -> dict | None:
-    from ..llm import LLM
-    from .mirror import follow
-
     llm = LLM(**job.llm_kwargs, tp=tp)
     out: dict = {}
     if job.return_logits:                 # every rank joins the forward's collectives
@@ -55,9 +55,6 @@ def serve_task(tp: TPGroup, job: ServeJob) -> None:
     """Rank 0 serves HTTP and schedules; the other ranks follow its steps."""
     import signal
     import sys
-
-    from ..llm import LLM
-    from .mirror import follow
 
     llm = LLM(**job.llm_kwargs, tp=tp)
     if tp.rank != 0:
