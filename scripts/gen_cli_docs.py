@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from doc_page import generate
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "cli.md"
 WIDTH = "100"
@@ -49,18 +51,7 @@ def render() -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="compare with docs/cli.md instead of writing it")
-    args = ap.parse_args()
-    text = render()
-    if args.check:
-        if not OUT.is_file() or OUT.read_text() != text:
-            print(f"{OUT.relative_to(ROOT)} is out of date: run python scripts/gen_cli_docs.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT.relative_to(ROOT)}")
-    return 0
+    return generate(__doc__.splitlines()[0], OUT, render, "gen_cli_docs.py")
 
 
 if __name__ == "__main__":

@@ -7,11 +7,12 @@ per module of `src/blockdraft/`, holding the first sentence of its docstring.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import re
 import sys
 from pathlib import Path
+
+from doc_page import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "blockdraft"
@@ -54,20 +55,7 @@ def render(text: str) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="compare with docs/engine.md instead of writing it")
-    args = ap.parse_args()
-    text = DOC.read_text()
-    new = render(text)
-    if args.check:
-        if new != text:
-            print(f"the source map in {DOC.relative_to(ROOT)} is out of date: run python scripts/gen_source_map.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(new)
-    print(f"wrote the source map in {DOC.relative_to(ROOT)}")
-    return 0
+    return generate(__doc__.splitlines()[0], DOC, lambda: render(DOC.read_text()), "gen_source_map.py")
 
 
 if __name__ == "__main__":
