@@ -102,6 +102,33 @@ def test_cpu_attention_kernel_same_bits_on_every_instruction_set(h, hkv, d):
     torch.testing.assert_close(outs["portable"].float(), ref.float(), atol=0.02, rtol=0.02)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_attention_kernel_rows_together_same_bits_as_one_at_a_time(threads):
+    """Where the kernel takes a verify pass's query rows together (AVX512: each key read once for every row
+    that sees it), rows that see different keys (a sliding window, keys no row sees, a row that sees
+    none) give the bits of the portable spelling, which takes one row and head at a time."""
+    from blockdraft.layers import cpu_kernels as kernels
+
+    g = torch.Generator().manual_seed(6)
+    q = (torch.randn(1, 9, 20, 64, generator=g) * 3).bfloat16()
+    k = (torch.randn(1, 3, 300, 64, generator=g) * 3).bfloat16()
+    v = torch.randn(1, 3, 300, 64, generator=g).bfloat16()
+    q_pos = torch.arange(260, 280)[None]
+    vis = causal_visibility(q_pos, torch.arange(300)[None], window=50)
+    vis[0, 0, 3] = False                                              # a row that sees nothing
+    vis[0, 0, :, 250] = False                                         # a key inside the window no row sees
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        outs = {isa: kernels.attend(q, k, v, vis, 0.2, isa) for isa in kernels.ISAS
+                if kernels.ISAS[isa] <= kernels.ISAS[kernels.best_isa()]}
+    finally:
+        torch.set_num_threads(saved)
+    for isa, out in outs.items():
+        assert torch.equal(out.view(torch.int16), outs["portable"].view(torch.int16)), isa
+    assert torch.equal(outs["portable"][0, 3], torch.zeros(9 * 64).bfloat16())
+
+
 def test_cpu_rms_norm_kernel_rows_alone_and_close_to_the_formula():
     """The own RMSNorm (bf16 inference on the CPU) computes each row on its own, with the same bits on every
     instruction set (a NaN row included), within a bf16 rounding of Llama's fp32 formula; a weight being

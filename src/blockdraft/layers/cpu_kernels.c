@@ -855,8 +855,9 @@ int bd_qgemm(const uint16_t *x, int rows, int K, const uint8_t *w, const uint16_
  * the maximum, p = exp((score - max) * scale), the denominator, and sum p * v accumulated key by key
  * in key order. Masked keys are never read, and every row is computed on its own by the same
  * operations: its bits do not depend on the other rows, the batch, or how many masked keys follow
- * (nor on the instruction set: the AVX2 and portable spellings give the same bits; AVX512 machines run
- * the AVX2 one, which measured within 15% of an AVX512 spelling). */
+ * (nor on the instruction set: the portable, AVX2 and AVX512 spellings give the same bits). The AVX2
+ * spelling takes one query row at a time; the AVX512 one takes the rows of a pass together, reading each
+ * key once for all of them (`attend_rows`). */
 
 #define LANES 16
 
@@ -1057,6 +1058,179 @@ static void group_avx2(const float *qv, int G, const uint16_t *kb, const uint16_
     }
 }
 
+/* group_avx2 for R query rows of one KV head at once, in 16-lane AVX512: each key's K and V are read and
+ * converted from bf16 once for every row and query head that sees it, instead of once per row (a verify
+ * pass's rows share their context). Per row and head the arithmetic and its order are group_avx2's, so
+ * the bits are too: a score's 16 lanes run t = l, l + 16, ... from zero and fold as fold16 (lanes
+ * l + (l + 8) first, as group_avx2's a + b, then fold8x4); the row's visible scores keep key order for
+ * its peak and exps_avx2; its values accumulate key by key in key order, keys it does not see skipped.
+ * qv [R][G][d] fp32; the union of the keys any row sees at offsets koff / voff [nu] in key order, and
+ * seen [R][nu] whether row r sees union key u; scores [R * G][stride] scratch (stride >= nu rounded up to
+ * 16); acc [R * G][d + 1]. */
+#define PAIRS_PER_PASS 6                        /* (row, head) pairs whose 4 value vectors stay in registers */
+#define VALUE_TILE 128                          /* keys whose values (fp32, 64 lanes: 32 KiB) stay in L1 */
+
+__attribute__((target("avx512f,avx512bw,avx2,fma")))
+static inline __m512 load16_bf16(const uint16_t *p) {          /* bf16_to_f32 of 16 values */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,fma")))
+static inline __m256 fold16to8(__m512 s) {                     /* lanes l + (l + 8) */
+    return _mm256_add_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+}
+
+/* exp8, round8_bf16 and exps_avx2 in 16 lanes: the same operations lane by lane, so the same bits (the
+ * denominator's lanes 0-7 and 8-15 are exps_avx2's lo and hi sums, folded as it folds them). */
+__attribute__((target("avx512f,avx512bw,avx2,fma")))
+static __m512 exp16(__m512 x) {
+    __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(89.0f));
+    __m512 rnd = _mm512_set1_ps(EXP_ROUND);
+    __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)), rnd), rnd);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_C1), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-EXP_C2), r);
+    __m512 p = _mm512_set1_ps(EXP_P[0]);
+    for (int i = 1; i < 6; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P[i]));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mov_ps(ok, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,fma")))
+static __m512 round16_bf16(__m512 x) {
+    __m512i u = _mm512_castps_si512(x);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+    r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), r, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,fma")))
+static void exps_avx512(float *scores, int n, float peak, float scale, float *denom) {
+    int padded = (n + LANES - 1) & ~(LANES - 1);
+    if (!(peak > -INFINITY)) {
+        for (int i = 0; i < padded; i++) scores[i] = 0.0f;
+        *denom = 0.0f;
+        return;
+    }
+    for (int i = n; i < padded; i++) scores[i] = -INFINITY;
+    __m512 pk = _mm512_set1_ps(peak), sc = _mm512_set1_ps(scale), sum = _mm512_setzero_ps();
+    for (int i = 0; i < padded; i += LANES) {
+        __m512 a = round16_bf16(exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(scores + i), pk), sc)));
+        _mm512_storeu_ps(scores + i, a);
+        sum = _mm512_add_ps(sum, a);
+    }
+    *denom = fold8(fold16to8(sum));
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,fma")))
+static void rows_avx512(const float *qv, int R, int G, const uint16_t *kb, const uint16_t *vb, const int64_t *koff,
+                        const int64_t *voff, const uint8_t *seen, int nu, int d, float scale, float *scores,
+                        int stride, float *acc) {
+    int P = R * G;                              /* pair p = (row p / G, head p % G) */
+    static __thread float vt[VALUE_TILE * 64] __attribute__((aligned(64)));
+    float conv[4][256] __attribute__((aligned(64))), four[8];
+    memset(conv, 0, sizeof conv);
+    for (int u0 = 0; u0 < nu; u0 += 4) {        /* every pair's score at every union key, 4 keys at a time */
+        int m = nu - u0 < 4 ? nu - u0 : 4;
+        for (int u = 0; u < m; u++)
+            for (int t = 0; t < d; t += 16) _mm512_store_ps(conv[u] + t, load16_bf16(kb + koff[u0 + u] + t));
+        for (int p = 0; p < P; p++) {
+            const float *qp = qv + (size_t)p * d;
+            __m512 s[4];
+            for (int u = 0; u < 4; u++) s[u] = _mm512_setzero_ps();
+            for (int t = 0; t < d; t += 16) {
+                __m512 qq = _mm512_loadu_ps(qp + t);
+                for (int u = 0; u < 4; u++) s[u] = _mm512_fmadd_ps(qq, _mm512_load_ps(conv[u] + t), s[u]);
+            }
+            _mm256_storeu_ps(four, fold8x4(fold16to8(s[0]), fold16to8(s[1]), fold16to8(s[2]), fold16to8(s[3])));
+            for (int u = 0; u < m; u++) scores[(size_t)p * stride + u0 + u] = four[(u & 1) * 4 + (u >> 1)];
+        }
+    }
+    int prefix[R];                              /* row r sees every union key before prefix[r] */
+    for (int r = 0; r < R; r++) {
+        const uint8_t *sees = seen + (size_t)r * nu;
+        prefix[r] = 0;
+        while (prefix[r] < nu && sees[prefix[r]]) prefix[r]++;
+    }
+    for (int p = 0; p < P; p++) {               /* each pair's visible scores, in key order -> p, denominator */
+        const uint8_t *sees = seen + (size_t)(p / G) * nu;
+        float *sc = scores + (size_t)p * stride;
+        int all = prefix[p / G];                /* their scores stay where they are */
+        __m512 top = _mm512_set1_ps(-INFINITY);
+        int u = 0;
+        for (; u + 16 <= all; u += 16) top = _mm512_max_ps(_mm512_loadu_ps(sc + u), top);   /* NaN: keeps top */
+        float peak = _mm512_reduce_max_ps(top);   /* a maximum, whatever the order (a zero's sign never matters) */
+        for (; u < all; u++) peak = sc[u] > peak ? sc[u] : peak;
+        int n = all;
+        for (u = all; u < nu; u++)
+            if (sees[u]) {
+                float v = sc[u];
+                sc[n++] = v;
+                peak = v > peak ? v : peak;
+            }
+        exps_avx512(sc, n, peak, scale, acc + (size_t)p * (d + 1) + d);
+    }
+    /* values, a tile of keys at a time (converted once into vt, then read from L1 by every pair); per pair 4
+     * accumulators over 64 of the d lanes, carried in acc from tile to tile: each lane still sums its keys in
+     * key order */
+    int cursor[P];                              /* each pair's next weight in its compacted scores */
+    for (int x = 0; x < d; x += 64) {
+        int w = d - x < 64 ? d - x : 64;
+        for (int p = 0; p < P; p++) cursor[p] = 0;
+        for (int u0 = 0; u0 < nu; u0 += VALUE_TILE) {
+            int un = nu - u0 < VALUE_TILE ? nu - u0 : VALUE_TILE;
+            for (int u = 0; u < un; u++)
+                for (int c = 0; c * 16 < w; c++)
+                    _mm512_store_ps(vt + u * 64 + 16 * c, load16_bf16(vb + voff[u0 + u] + x + 16 * c));
+            for (int p0 = 0; p0 < P; p0 += PAIRS_PER_PASS) {
+                int pn = P - p0 < PAIRS_PER_PASS ? P - p0 : PAIRS_PER_PASS;
+                const float *next[PAIRS_PER_PASS];
+                const uint8_t *sees[PAIRS_PER_PASS];
+                __m512 a[PAIRS_PER_PASS][4];
+                for (int j = 0; j < PAIRS_PER_PASS; j++) {
+                    int p = p0 + (j < pn ? j : 0);
+                    next[j] = scores + (size_t)p * stride + cursor[p];
+                    sees[j] = seen + (size_t)(p / G) * nu + u0;
+                    for (int c = 0; c < 4; c++)
+                        a[j][c] = c * 16 < w ? _mm512_loadu_ps(acc + (size_t)p * (d + 1) + x + 16 * c) : _mm512_setzero_ps();
+                }
+                int plain = un;                 /* keys [0, plain) of the tile every pair of the pass sees */
+                for (int j = 0; j < pn; j++) {
+                    int seen_all = prefix[(p0 + j) / G] - u0;
+                    plain = seen_all < plain ? seen_all : plain;
+                }
+                for (int u = 0; u < plain; u++) {
+                    const float *vr = vt + u * 64;
+#pragma GCC unroll 6
+                    for (int j = 0; j < PAIRS_PER_PASS; j++)
+                        if (j < pn) {
+                            __m512 pv = _mm512_set1_ps(*next[j]++);
+                            for (int c = 0; c < 4; c++)
+                                if (c * 16 < w) a[j][c] = _mm512_fmadd_ps(pv, _mm512_load_ps(vr + 16 * c), a[j][c]);
+                        }
+                }
+                for (int u = plain > 0 ? plain : 0; u < un; u++) {
+                    const float *vr = vt + u * 64;
+#pragma GCC unroll 6
+                    for (int j = 0; j < PAIRS_PER_PASS; j++)
+                        if (j < pn && sees[j][u]) {
+                            __m512 pv = _mm512_set1_ps(*next[j]++);
+                            for (int c = 0; c < 4; c++)
+                                if (c * 16 < w) a[j][c] = _mm512_fmadd_ps(pv, _mm512_load_ps(vr + 16 * c), a[j][c]);
+                        }
+                }
+                for (int j = 0; j < pn; j++) {
+                    int p = p0 + j;
+                    cursor[p] = (int)(next[j] - (scores + (size_t)p * stride));
+                    for (int c = 0; c * 16 < w; c++) _mm512_storeu_ps(acc + (size_t)p * (d + 1) + x + 16 * c, a[j][c]);
+                }
+            }
+        }
+    }
+}
+
 /* Where attention reads K and V: element strides (batch, kv head, key) of each, or, where `slots` is
  * given, a slot per (batch, key) [b, tk] and strides (unused, kv head, slot) shared by K and V (a
  * paged pool or a cache read in place). */
@@ -1068,10 +1242,14 @@ typedef struct {
 /* q [b, h, tq, d] contiguous bf16 over the keys `kv` gives; vis uint8 with strides (batch, query row,
  * key), or NULL (all visible); out [b, tq, h * d] bf16. d % 16 == 0, d <= 256. Returns 0, -1 without
  * scratch memory, -2 for d > 256. */
+static int attend_rows(const uint16_t *q, int b, int h, int tq, int d, KvRead kv, int hkv, int tk,
+                       const uint8_t *vis, const int64_t *vis_strides, float scale, uint16_t *out, int threads);
+
 static int attend(const uint16_t *q, int b, int h, int tq, int d, KvRead kv, int hkv, int tk, const uint8_t *vis,
                   const int64_t *vis_strides, float scale, uint16_t *out, int isa, int threads) {
     int groups = h / hkv, failed = 0;
     if (d > 256 || d % LANES) return -2;
+    if (isa >= ISA_AVX512VNNI) return attend_rows(q, b, h, tq, d, kv, hkv, tk, vis, vis_strides, scale, out, threads);
 #pragma omp parallel num_threads(threads)
     {
         /* per thread: the scores of a group [groups][tk rounded up to 16], the visible keys' K and V offsets [tk] each,
@@ -1122,6 +1300,79 @@ static int attend(const uint16_t *q, int b, int h, int tq, int d, KvRead kv, int
             }
         }
         free(scores); free(acc); free(koff); free(qv);
+    }
+    return failed ? -1 : 0;
+}
+
+/* `attend` on AVX512 machines: a work unit is (batch, KV head, a run of query rows), the rows of a run
+ * together in rows_avx512 (K and V read once per run). Runs are as long as the thread count allows: whole
+ * rows per unit where batch x KV heads already gives every thread two units, shorter where it does not,
+ * and at most ROWS_PER_PASS query vectors (rows x heads per KV head) per run to bound the scratch. */
+#define ROWS_PER_PASS 32
+
+static int attend_rows(const uint16_t *q, int b, int h, int tq, int d, KvRead kv, int hkv, int tk,
+                       const uint8_t *vis, const int64_t *vis_strides, float scale, uint16_t *out, int threads) {
+    int groups = h / hkv, failed = 0;
+    int runs = (2 * threads + b * hkv - 1) / (b * hkv);           /* runs per (batch, KV head) */
+    int cap = ROWS_PER_PASS / groups > 0 ? ROWS_PER_PASS / groups : 1;
+    int per = (tq + runs - 1) / runs;
+    per = per < cap ? per : cap;
+    per = per > 0 ? per : 1;
+    runs = (tq + per - 1) / per;
+#pragma omp parallel num_threads(threads)
+    {
+        size_t keys = tk > 0 ? (size_t)tk : 1;
+        size_t stride = (keys + LANES - 1) & ~(size_t)(LANES - 1);
+        float *scores = malloc(sizeof(float) * stride * per * groups);
+        float *acc = malloc(sizeof(float) * per * groups * (d + 1)), *qv = malloc(sizeof(float) * per * groups * d);
+        int64_t *koff = malloc(sizeof(int64_t) * 2 * keys), *voff = koff ? koff + keys : NULL;
+        uint8_t *seen = malloc(keys * per);
+        int ok = scores && acc && qv && koff && seen;
+        if (!ok) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int unit = 0; unit < b * hkv * runs; unit++) {        /* (batch, KV head, run of rows) */
+            if (!ok) continue;
+            int bi = unit / (hkv * runs), kvh = unit / runs % hkv, r0 = unit % runs * per;
+            int R = tq - r0 < per ? tq - r0 : per, nu = 0;
+            int64_t st = vis ? vis_strides[2] : 0;
+            for (int j = 0; j < tk; j++) {                          /* the keys any row of the run sees */
+                int any = 0;
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *row = vis ? vis + bi * vis_strides[0] + (int64_t)(r0 + r) * vis_strides[1] : NULL;
+                    seen[(size_t)r * keys + nu] = row ? row[j * st] != 0 : 1;
+                    any |= seen[(size_t)r * keys + nu];
+                }
+                if (!any) continue;
+                if (kv.slots) {
+                    int64_t slot = kv.slots[(int64_t)bi * tk + j];
+                    koff[nu] = slot * kv.kst[2];
+                    voff[nu++] = slot * kv.vst[2];
+                } else {
+                    koff[nu] = bi * kv.kst[0] + j * kv.kst[2];
+                    voff[nu++] = bi * kv.vst[0] + j * kv.vst[2];
+                }
+            }
+            if (nu < tk)                                             /* seen as [R][nu] */
+                for (int r = 1; r < R; r++) memmove(seen + (size_t)r * nu, seen + (size_t)r * keys, nu);
+            const uint16_t *kb = kv.k + kvh * kv.kst[1], *vb = kv.v + kvh * kv.vst[1];
+            memset(acc, 0, sizeof(float) * R * groups * (d + 1));
+            for (int r = 0; r < R; r++)
+                for (int g = 0; g < groups; g++) {
+                    const uint16_t *qr = q + (((size_t)bi * h + kvh * groups + g) * tq + r0 + r) * d;
+                    for (int x = 0; x < d; x++) qv[((size_t)r * groups + g) * d + x] = bf16_to_f32(qr[x]);
+                }
+            rows_avx512(qv, R, groups, kb, vb, koff, voff, seen, nu, d, scale, scores, (int)stride, acc);
+            for (int r = 0; r < R; r++)
+                for (int g = 0; g < groups; g++) {
+                    const float *ag = acc + ((size_t)r * groups + g) * (d + 1);
+                    uint16_t *o = out + ((size_t)bi * tq + r0 + r) * h * d + (size_t)(kvh * groups + g) * d;
+                    for (int x = 0; x < d; x++) o[x] = f32_to_bf16(ag[d] > 0.0f ? ag[x] / ag[d] : 0.0f);
+                }
+        }
+        free(scores); free(acc); free(qv); free(koff); free(seen);
     }
     return failed ? -1 : 0;
 }
