@@ -74,6 +74,41 @@ def test_dspark_loss_from_topk_equals_the_full_distribution(target, cache):
     torch.testing.assert_close(cached.target_topk.probs, full.target_topk.probs[:, :16])
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_blocks_read_the_shared_context_once_with_the_fused_kernels_values_and_gradients(target, cache, monkeypatch,
+                                                                                       bf16):
+    """Training attends over the context K/V once for all of a sequence's blocks
+    (`drafter.attend_shared_context`); the loss and every gradient equal the fused kernel's over the
+    context copied per block."""
+    from blockdraft.models import drafter as drafter_module
+
+    seq = cache.seq(1)
+    anchors = torch.arange(seq.anchor_range[0], len(seq.ids) - 1)
+    taps = cache.taps_for(seq, TAPS, "layer_output", target.config.num_layers - 1)
+    calls = []
+    shared = drafter_module.shared_context
+    monkeypatch.setattr(drafter_module, "shared_context", lambda *a: calls.append(shared(*a)) or calls[-1])
+
+    def loss_and_grads():
+        drafter = tiny(target, "dspark").train().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            block = with_topk(blocks_at(drafter, taps, None, seq.ids, anchors), anchors, len(seq.ids),
+                              seq.topk_ids, seq.topk_probs)
+            loss = dspark_loss(drafter, block)["loss"]
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in drafter.named_parameters() if p.grad is not None}
+
+    once, grads = loss_and_grads()
+    assert calls and all(calls)                                  # every layer took the shared-context path
+    monkeypatch.setattr(drafter_module, "shared_context", lambda *a: False)
+    copied, ref = loss_and_grads()
+    tol = dict(atol=2e-2, rtol=2e-2) if bf16 else dict(atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(once, copied, **tol)
+    assert grads.keys() == ref.keys()
+    for name in ref:
+        torch.testing.assert_close(grads[name], ref[name], **tol, msg=name)
+
+
 def test_a_step_draws_every_response_position_and_every_sequence_once_an_epoch(cache):
     cfg = CachedTrainConfig(steps=10, seqs_per_step=2)
     seen = [i for step in range(4) for i in drawn(len(cache), step, cfg)]

@@ -67,8 +67,38 @@ class InjectedAttention(nn.Module):
 
     def forward(self, x, cos, sin, ctx_k, ctx_v, visible) -> torch.Tensor:
         k, v = self.context_kv(x, cos, sin)
+        q = self.queries(x, cos, sin)
+        if shared_context(ctx_k, q):
+            return self.o_proj(attend_shared_context(q, ctx_k[:1], ctx_v[:1], k, v, visible, self.scale))
         k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
-        return self.o_proj(attend(self.queries(x, cos, sin), k, v, visible, self.scale))
+        return self.o_proj(attend(q, k, v, visible, self.scale))
+
+
+def shared_context(ctx_k: torch.Tensor, q: torch.Tensor) -> bool:
+    """Training on many blocks of one sequence: every block reads the same context rows (one K/V
+    expanded over the blocks, `train/losses.context_read`) and gradients are recorded."""
+    return (torch.is_grad_enabled() and q.requires_grad and ctx_k.shape[0] > 1 and ctx_k.stride(0) == 0
+            and ctx_k.device.type == "cpu")
+
+
+def attend_shared_context(q: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor, k: torch.Tensor,
+                          v: torch.Tensor, visible: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """softmax(q [ctx_k ‖ k]^T · scale) [ctx_v ‖ v] for training, in fp32, with the context's K/V read once
+    for all blocks instead of copied per block (what the fused kernel does with an expanded K and, in its
+    backward, with the expanded gradient). q [M, h, t, d]; ctx_k/ctx_v [1, hkv, C, d]; k/v [M, hkv, t, d]
+    (each block's own rows); visible [M, 1, t, C + t] or None -> [M, t, h*d]."""
+    m, h, t, d = q.shape
+    hkv, c = ctx_k.shape[1], ctx_k.shape[2]
+    with torch.autocast(q.device.type, enabled=False):
+        qg = q.float().view(m, hkv, h // hkv, t, d)                                     # [M, hkv, g, t, d]
+        scores = torch.cat([torch.einsum("mkgtd,kcd->mkgtc", qg, ctx_k[0].float()),
+                            torch.einsum("mkgtd,mksd->mkgts", qg, k.float())], dim=-1) * scale
+        if visible is not None:                                                       # [M, hkv, g, t, C + t]
+            scores = scores.masked_fill(~visible[:, :, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out = (torch.einsum("mkgtc,kcd->mkgtd", probs[..., :c], ctx_v[0].float())
+               + torch.einsum("mkgts,mksd->mkgtd", probs[..., c:], v.float()))
+    return out.to(q.dtype).reshape(m, h, t, d).transpose(1, 2).reshape(m, t, h * d)
 
 
 class DrafterLayer(nn.Module):
