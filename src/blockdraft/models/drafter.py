@@ -248,7 +248,9 @@ class BlockDrafter(nn.Module):
         head = self.lm_head if self.config.own_lm_head else self.shared.lm_head
         if isinstance(head, nn.Linear) and head.weight.dtype != hidden.dtype:   # fp32 training over a bf16 target
             hidden = hidden.to(head.weight.dtype)
-        logits = (head.local(hidden) if shard else head(hidden)) * self.config.output_multiplier
+        logits = head.local(hidden) if shard else head(hidden)
+        if self.config.output_multiplier != 1.0:                # (x * 1.0 is x: no full-vocabulary pass for it)
+            logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         if cap:
             logits = torch.tanh(logits / cap) * cap

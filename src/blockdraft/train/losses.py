@@ -141,16 +141,18 @@ def dspark_loss(drafter: BlockDrafter, block: Block, ce_alpha: float = 0.1, l1_a
     z = drafter.logits(block.hidden).float() + bias                            # [N, Vd]
     w = torch.exp(-block.slot.float() / gamma) * block.weight
     labels, covered = _draft_labels(drafter, block.labels)
-    ce = F.cross_entropy(z, labels, reduction="none") * covered
+    log_q = F.log_softmax(z, dim=-1)                                           # [N, Vd]; CE and q from one pass
+    ce = -log_q.gather(1, labels[:, None])[:, 0] * covered
+    q = log_q.exp()
     if block.target_topk is not None:
-        l1 = topk_l1(drafter, torch.softmax(z, dim=-1), block.target_topk)     # [N] in [0, 2]
+        l1 = topk_l1(drafter, q, block.target_topk)                            # [N] in [0, 2]
     else:
         p = torch.softmax(block.target_logits, dim=-1)                         # [N, V]
         outside = 0.0
         if drafter.config.pruned_vocab:  # q is 0 off the draft vocabulary: that part of |q - p| is p's mass there
             p = p[:, drafter.to_target(torch.arange(z.shape[-1]))]
             outside = (1 - p.sum(-1)).clamp_min(0)
-        l1 = (torch.softmax(z, dim=-1) - p).abs().sum(-1) + outside            # in [0, 2]
+        l1 = (q - p).abs().sum(-1) + outside                                   # in [0, 2]
     loss = _weighted(ce_alpha * ce + l1_alpha * l1, w)
     out = {"ce": _weighted(ce, w).detach(), "l1": _weighted(l1, w).detach()}
     heads = drafter.config.heads
