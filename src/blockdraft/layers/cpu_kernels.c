@@ -1131,11 +1131,11 @@ static void rows_avx512(const float *qv, int R, int G, const uint16_t *kb, const
     int P = R * G;                              /* pair p = (row p / G, head p % G) */
     static __thread float vt[VALUE_TILE * 64] __attribute__((aligned(64)));
     float conv[4][256] __attribute__((aligned(64))), four[8];
-    memset(conv, 0, sizeof conv);
     for (int u0 = 0; u0 < nu; u0 += 4) {        /* every pair's score at every union key, 4 keys at a time */
         int m = nu - u0 < 4 ? nu - u0 : 4;
-        for (int u = 0; u < m; u++)
-            for (int t = 0; t < d; t += 16) _mm512_store_ps(conv[u] + t, load16_bf16(kb + koff[u0 + u] + t));
+        for (int u = 0; u < 4; u++)             /* past the last key: zeros, whose scores are dropped */
+            for (int t = 0; t < d; t += 16)
+                _mm512_store_ps(conv[u] + t, u < m ? load16_bf16(kb + koff[u0 + u] + t) : _mm512_setzero_ps());
         for (int p = 0; p < P; p++) {
             const float *qp = qv + (size_t)p * d;
             __m512 s[4];
