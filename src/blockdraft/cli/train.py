@@ -59,31 +59,14 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import hashlib
     from pathlib import Path
 
-    from ..checkpoints.publish import new_drafter
     from ..errors import RequestError
-    from ..llm import LLM
-    from ..default_model import cache_root
     from ..train.cached import CachedTrainConfig
-    from ..train.prompts import builtin_prompts, read_prompts, split_held_out
-    from ..train.run import train_cached
-    from ..train.trainer import teacher_responses
+    from ..train.run import DrafterTrainJob, train_drafter
 
     drafter_kinds.training_of(args.kind)        # a kind without a loss here: a named error before any work
     use_threads(args)
-    builtin = args.prompts.startswith("builtin")
-    llm = LLM(target=args.target, drafter="none", dtype="float32", max_batch=32 if builtin else 1)
-    encode = (lambda text: llm.encode(text, chat=args.chat or builtin))
-    prompts = [encode(p) for p in (builtin_prompts(llm, args.prompts) if builtin else read_prompts(args.prompts))]
-    given = [encode(p) for p in read_prompts(args.eval_prompts)] if args.eval_prompts else None
-    prompts, held_out = split_held_out(prompts, given)
-    if not prompts:
-        raise RequestError(f"{args.prompts} gives no training prompts after holding out evaluation prompts")
-    mask = args.mask_token_id
-    if mask is None:
-        mask = llm.tokenizer.vocab_size - 1 if llm.tokenizer else llm.target.config.vocab_size - 1
     try:
         cfg = CachedTrainConfig(steps=args.steps, lr=args.lr, warmup=args.warmup, schedule=args.schedule,
                                 seqs_per_step=args.seqs_per_step, blocks_per_seq=args.blocks_per_seq, seed=args.seed,
@@ -91,23 +74,12 @@ def run(args: argparse.Namespace) -> int:
                                 save_every_seconds=args.save_every_seconds)
     except ValueError as e:
         raise RequestError(str(e)) from None
-    responses = vocab = None
-    if args.draft_vocab is not None:         # the most frequent ids of the target's own responses
-        from ..train.vocab import choose_draft_vocab, token_counts
-
-        responses = teacher_responses(llm.target, prompts, args.new_tokens, llm._eos_ids(), progress=not args.quiet)
-        vocab = choose_draft_vocab(token_counts(responses, llm.target.config.vocab_size), args.draft_vocab,
-                                   always=llm._eos_ids()).ids
-    drafter = new_drafter(llm.target, args.kind, args.layers, args.block_size, tuple(args.taps), mask,
-                          markov_rank=args.markov_rank, seed=args.seed, draft_vocab=vocab)
-    from ..loading import check_drafter_fits
-
-    check_drafter_fits(drafter.config, llm.target.config, {})
-    out = Path(args.out)
-    cache_dir = Path(args.cache_dir) if args.cache_dir else (
-        cache_root() / "teacher-cache" / hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:16])
-    summary = train_cached(drafter, llm.target, prompts, held_out, cfg, out, cache_dir, str(args.target),
-                           args.new_tokens, args.top_k, llm._eos_ids(), responses, progress=not args.quiet)
+    summary = train_drafter(DrafterTrainJob(
+        target=args.target, kind=args.kind, prompts=args.prompts, out=Path(args.out), config=cfg,
+        taps=tuple(args.taps), eval_prompts=args.eval_prompts, chat=args.chat, layers=args.layers,
+        block_size=args.block_size, markov_rank=args.markov_rank, mask_token_id=args.mask_token_id,
+        draft_vocab=args.draft_vocab, new_tokens=args.new_tokens, top_k=args.top_k,
+        cache_dir=Path(args.cache_dir) if args.cache_dir else None, quiet=args.quiet))
     print(json.dumps({"out": args.out, "final_loss": summary["final_loss"],
                       "validation_mean_al": summary["validation_mean_al"],
                       "train_seconds": summary["train_seconds"]}))
