@@ -1196,7 +1196,9 @@ static void rows_avx512(const float *qv, int R, int G, const uint16_t *kb, const
                     for (int c = 0; c < 4; c++)
                         a[j][c] = c * 16 < w ? _mm512_loadu_ps(acc + (size_t)p * (d + 1) + x + 16 * c) : _mm512_setzero_ps();
                 }
-                int plain = un;                 /* keys [0, plain) of the tile every pair of the pass sees */
+                /* keys [0, plain) of the tile every pair of the pass sees run without the per-key test (one loop
+                 * testing `u < plain` measured ~6% slower at 9 rows, 8151 keys) */
+                int plain = un;
                 for (int j = 0; j < pn; j++) {
                     int seen_all = prefix[(p0 + j) / G] - u0;
                     plain = seen_all < plain ? seen_all : plain;
@@ -1239,6 +1241,36 @@ typedef struct {
     const int64_t *kst, *vst, *slots;
 } KvRead;
 
+/* Key j of batch row bi: where its K and V start (koff / voff, in elements from kv.k / kv.v). */
+static inline void key_at(KvRead kv, int bi, int tk, int j, int64_t *koff, int64_t *voff) {
+    if (kv.slots) {
+        int64_t slot = kv.slots[(int64_t)bi * tk + j];
+        *koff = slot * kv.kst[2];
+        *voff = slot * kv.vst[2];
+    } else {
+        *koff = bi * kv.kst[0] + j * kv.kst[2];
+        *voff = bi * kv.vst[0] + j * kv.vst[2];
+    }
+}
+
+/* The G query heads of KV head kvh at query row i of batch row bi, from q [b, h, tq, d] -> qv [G][d] fp32. */
+static void load_queries(const uint16_t *q, int bi, int h, int tq, int d, int kvh, int G, int i, float *qv) {
+    for (int g = 0; g < G; g++) {
+        const uint16_t *qr = q + (((size_t)bi * h + kvh * G + g) * tq + i) * d;
+        for (int x = 0; x < d; x++) qv[g * d + x] = bf16_to_f32(qr[x]);
+    }
+}
+
+/* Those heads' accumulators acc [G][d + 1] (sum p v, then the denominator) -> out [b, tq, h * d] bf16; a head
+ * that saw no key gives zeros. */
+static void store_heads(const float *acc, int bi, int h, int tq, int d, int kvh, int G, int i, uint16_t *out) {
+    for (int g = 0; g < G; g++) {
+        const float *ag = acc + g * (d + 1);
+        uint16_t *o = out + ((size_t)bi * tq + i) * h * d + (size_t)(kvh * G + g) * d;
+        for (int x = 0; x < d; x++) o[x] = f32_to_bf16(ag[d] > 0.0f ? ag[x] / ag[d] : 0.0f);
+    }
+}
+
 /* q [b, h, tq, d] contiguous bf16 over the keys `kv` gives; vis uint8 with strides (batch, query row,
  * key), or NULL (all visible); out [b, tq, h * d] bf16. d % 16 == 0, d <= 256. Returns 0, -1 without
  * scratch memory, -2 for d > 256. */
@@ -1271,33 +1303,20 @@ static int attend(const uint16_t *q, int b, int h, int tq, int d, KvRead kv, int
             const uint8_t *seen = vis ? vis + bi * vis_strides[0] + i * vis_strides[1] : NULL;
             int64_t st = vis ? vis_strides[2] : 0;
             int n = 0;
-            for (int j = 0; j < tk; j++) {
-                if (seen && !seen[j * st]) continue;
-                if (kv.slots) {
-                    int64_t slot = kv.slots[(int64_t)bi * tk + j];
-                    koff[n] = slot * kv.kst[2];
-                    voff[n++] = slot * kv.vst[2];
-                } else {
-                    koff[n] = bi * kv.kst[0] + j * kv.kst[2];
-                    voff[n++] = bi * kv.vst[0] + j * kv.vst[2];
+            for (int j = 0; j < tk; j++)
+                if (!seen || seen[j * st]) {
+                    key_at(kv, bi, tk, j, koff + n, voff + n);
+                    n++;
                 }
-            }
             const uint16_t *kb = kv.k + kvh * kv.kst[1], *vb = kv.v + kvh * kv.vst[1];
             memset(acc, 0, sizeof(float) * groups * (d + 1));
-            for (int g = 0; g < groups; g++) {
-                const uint16_t *qr = q + (((size_t)bi * h + kvh * groups + g) * tq + i) * d;
-                for (int x = 0; x < d; x++) qv[g * d + x] = bf16_to_f32(qr[x]);
-            }
+            load_queries(q, bi, h, tq, d, kvh, groups, i, qv);
             if (isa != ISA_PORTABLE)
                 group_avx2(qv, groups, kb, vb, koff, voff, n, d, scale, scores, acc);
             else
                 for (int g = 0; g < groups; g++)
                     row_portable(qv + g * d, kb, vb, koff, voff, n, d, scale, scores, acc + g * (d + 1));
-            for (int g = 0; g < groups; g++) {
-                const float *ag = acc + g * (d + 1);
-                uint16_t *o = out + ((size_t)bi * tq + i) * h * d + (size_t)(kvh * groups + g) * d;
-                for (int x = 0; x < d; x++) o[x] = f32_to_bf16(ag[d] > 0.0f ? ag[x] / ag[d] : 0.0f);
-            }
+            store_heads(acc, bi, h, tq, d, kvh, groups, i, out);
         }
         free(scores); free(acc); free(koff); free(qv);
     }
@@ -1345,32 +1364,18 @@ static int attend_rows(const uint16_t *q, int b, int h, int tq, int d, KvRead kv
                     seen[(size_t)r * keys + nu] = row ? row[j * st] != 0 : 1;
                     any |= seen[(size_t)r * keys + nu];
                 }
-                if (!any) continue;
-                if (kv.slots) {
-                    int64_t slot = kv.slots[(int64_t)bi * tk + j];
-                    koff[nu] = slot * kv.kst[2];
-                    voff[nu++] = slot * kv.vst[2];
-                } else {
-                    koff[nu] = bi * kv.kst[0] + j * kv.kst[2];
-                    voff[nu++] = bi * kv.vst[0] + j * kv.vst[2];
+                if (any) {
+                    key_at(kv, bi, tk, j, koff + nu, voff + nu);
+                    nu++;
                 }
             }
             if (nu < tk)                                             /* seen as [R][nu] */
                 for (int r = 1; r < R; r++) memmove(seen + (size_t)r * nu, seen + (size_t)r * keys, nu);
             const uint16_t *kb = kv.k + kvh * kv.kst[1], *vb = kv.v + kvh * kv.vst[1];
             memset(acc, 0, sizeof(float) * R * groups * (d + 1));
-            for (int r = 0; r < R; r++)
-                for (int g = 0; g < groups; g++) {
-                    const uint16_t *qr = q + (((size_t)bi * h + kvh * groups + g) * tq + r0 + r) * d;
-                    for (int x = 0; x < d; x++) qv[((size_t)r * groups + g) * d + x] = bf16_to_f32(qr[x]);
-                }
+            for (int r = 0; r < R; r++) load_queries(q, bi, h, tq, d, kvh, groups, r0 + r, qv + (size_t)r * groups * d);
             rows_avx512(qv, R, groups, kb, vb, koff, voff, seen, nu, d, scale, scores, (int)stride, acc);
-            for (int r = 0; r < R; r++)
-                for (int g = 0; g < groups; g++) {
-                    const float *ag = acc + ((size_t)r * groups + g) * (d + 1);
-                    uint16_t *o = out + ((size_t)bi * tq + r0 + r) * h * d + (size_t)(kvh * groups + g) * d;
-                    for (int x = 0; x < d; x++) o[x] = f32_to_bf16(ag[d] > 0.0f ? ag[x] / ag[d] : 0.0f);
-                }
+            for (int r = 0; r < R; r++) store_heads(acc + (size_t)r * groups * (d + 1), bi, h, tq, d, kvh, groups, r0 + r, out);
         }
         free(scores); free(acc); free(qv); free(koff); free(seen);
     }
