@@ -13,10 +13,10 @@ from pathlib import Path
 TINY_FIXTURES = Path(__file__).resolve().parents[1] / "assets" / "tiny"
 
 
-def dir_digest(path: Path, names: tuple[str, ...] = ("config.json", "model.safetensors")) -> str:
-    """sha256 of a checkpoint's config and weights (the files of `path` named in `names`), 16 hex digits."""
+def dir_digest(path: Path, names: tuple[str, ...] | None = ("config.json", "model.safetensors")) -> str:
+    """sha256 of a checkpoint's files (those of `path` named in `names`; None: all of them), 16 hex digits."""
     h = hashlib.sha256()
-    for f in sorted(p for p in Path(path).iterdir() if p.name in names):
+    for f in sorted(p for p in Path(path).iterdir() if names is None or p.name in names):
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
@@ -24,8 +24,4 @@ def dir_digest(path: Path, names: tuple[str, ...] = ("config.json", "model.safet
 
 def fixture_digest(name: str) -> str:
     """sha256 of every file of the tiny shipped checkpoint `name` (assets/tiny/NAME), 16 hex digits."""
-    h = hashlib.sha256()
-    for f in sorted((TINY_FIXTURES / name).iterdir()):
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
+    return dir_digest(TINY_FIXTURES / name, names=None)
