@@ -5,6 +5,7 @@ the drafters train many times on what it stored (`train/tap_cache.py`, `train/ca
     python scripts/train_cached_drafters.py train --run NAME [--minutes M] [--blocks-per-step B] ...
     python scripts/train_cached_drafters.py eval --run NAME [--step N]   # train-set + held-out AL, trigram floor
     python scripts/train_cached_drafters.py publish --run NAME --step N  # snapshot -> assets/smollm2 + MODEL_CARD
+    python scripts/train_cached_drafters.py curves --runs A,B,... --name NAME   # runs side by side -> docs/data/NAME.*
 
 Everything it writes lives in $BLOCKDRAFT_CACHE (default ~/.cache/blockdraft), never in git:
 `teacher-cache-smollm2/` (the cache) and `cached-runs/NAME/` (run.json, state.pt written at least every
@@ -173,6 +174,8 @@ def cmd_train(args) -> None:
         run = {"config": asdict(cfg), "shards": built_shards(), "kinds": args.kinds.split(","), "layers": args.layers,
                "threads": args.threads, "cpu": cpu_model(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                "eval_minutes": args.eval_minutes, "engine_eval": args.engine_eval}
+        if args.init_from:
+            run["init_from"] = parent_start(args.init_from, run)
         run_file.write_text(json.dumps(run, indent=1))
     cfg = CachedTrainConfig(**run["config"])
     cache = open_run_cache(llm, run["shards"])
@@ -181,6 +184,16 @@ def cmd_train(args) -> None:
     torch.manual_seed(cfg.seed)
     drafters, vocab = recipe.new_drafters(llm, seqs, sorted(llm._eos_ids()), run["layers"], tuple(run["kinds"]))
     run.setdefault("vocab", vocab)
+    if "init_from" in run and not (out / "state.pt").is_file():     # a new run from its parent's weights
+        parent = run_dir(run["init_from"]["run"])
+        if json.loads((parent / "run.json").read_text()).get("vocab") != vocab:
+            sys.exit(f"--init-from {run['init_from']['run']}: its draft vocabulary differs from this run's")
+        saved = torch.load(parent / "state.pt", weights_only=False, map_location="cpu")
+        if saved["step"] != run["init_from"]["step"]:
+            sys.exit(f"--init-from: {parent / 'state.pt'} is at step {saved['step']}, the run started from step "
+                     f"{run['init_from']['step']}")
+        for kind, d in drafters.items():
+            d.load_state_dict(saved["models"][kind])
     run.setdefault("data", {"sequences": len(cache), "tokens": sum(len(s.ids) for s in seqs),
                             "response_tokens": sum(len(s.ids) - s.response_start for s in seqs)})
     run_file.write_text(json.dumps(run, indent=1))
@@ -209,6 +222,21 @@ def cmd_train(args) -> None:
     blocks = sum(h["blocks"] for h in state.history[run["kinds"][0]])
     print(f"stopped at step {state.step}: {blocks} blocks in {state.elapsed:.0f} s "
           f"({blocks / max(state.elapsed, 1e-9):.1f} blocks/s)", flush=True)
+
+
+def parent_start(name: str, run: dict) -> dict:
+    """Where a run started with --init-from NAME begins: NAME's last checkpoint (its step, the blocks and
+    seconds it had trained), checked to hold the same drafter kinds and depth."""
+    parent = run_dir(name)
+    if not (parent / "state.pt").is_file():
+        sys.exit(f"--init-from {name}: no checkpoint in {parent}")
+    meta = json.loads((parent / "run.json").read_text())
+    if (meta["kinds"], meta["layers"]) != (run["kinds"], run["layers"]):
+        sys.exit(f"--init-from {name}: it trains {meta['kinds']} with {meta['layers']} layers, this run "
+                 f"{run['kinds']} with {run['layers']}")
+    saved = torch.load(parent / "state.pt", weights_only=False, map_location="cpu")
+    blocks = sum(h["blocks"] for h in saved["history"][meta["kinds"][0]])
+    return {"run": name, "step": saved["step"], "blocks": blocks, "train_seconds": round(saved["elapsed"], 1)}
 
 
 def _snapshot(out: Path, step: int | None) -> tuple[int, Path]:
@@ -305,9 +333,64 @@ def cmd_publish(args) -> None:
     print(f"published dspark step {step} -> {dest}")
 
 
+def run_points(name: str) -> dict:
+    """One run's config and its evaluations (step order): blocks, training seconds, and mean AL per set,
+    teacher-forced on training and held-out rows and, where measured, through the engine."""
+    out = run_dir(name)
+    run = json.loads((out / "run.json").read_text())
+    curve = json.loads((out / "curve.json").read_text()) if (out / "curve.json").is_file() else {}
+    points = [{"step": v["step"], "blocks": v["blocks"], "train_seconds": round(v["train_seconds"], 1),
+               **{part: {k: round(x["mean_al"], 4) for k, x in v[part].items()}
+                  for part in ("train", "held_out", "held_out_engine") if part in v}}
+              for key, v in curve.items() if key != "trigram"]
+    floor = {k: round(x["mean_al"], 4) for k, x in curve["trigram"]["held_out"].items()} if "trigram" in curve else None
+    return {"config": run["config"], "layers": run["layers"], "kinds": run["kinds"], "cpu": run.get("cpu"),
+            "init_from": run.get("init_from"), "points": sorted(points, key=lambda p: p["step"]),
+            "trigram_held_out": floor}
+
+
+def cmd_curves(args) -> None:
+    """Runs side by side: docs/data/NAME.json (every evaluation of each run) and NAME.png (held-out and
+    training-row AL, mean over the sets, against blocks trained and against training hours)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = args.runs.split(",")
+    runs = {name: run_points(name) for name in names}
+    data = Path(__file__).resolve().parents[1] / "docs" / "data"
+    (data / f"{args.name}.json").write_text(json.dumps(runs, indent=1) + "\n")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    mean = lambda sets: sum(sets.values()) / len(sets)
+    for name, run in runs.items():
+        pts, start = run["points"], run["init_from"] or {"blocks": 0, "train_seconds": 0.0}   # a child from its parent's
+        for ax, x in zip(axes, ([(start["blocks"] + p["blocks"]) / 1e3 for p in pts],
+                                [(start["train_seconds"] + p["train_seconds"]) / 3600 for p in pts])):
+            line, = ax.plot(x, [mean(p["held_out"]) for p in pts], "-o", ms=3, label=f"{name} held-out")
+            ax.plot(x, [mean(p["train"]) for p in pts], "--", color=line.get_color(), lw=1, label=f"{name} training rows")
+    floor = next((r["trigram_held_out"] for r in runs.values() if r["trigram_held_out"]), None)
+    for ax, xlabel in zip(axes, ("blocks trained (thousands)", "training hours (1 thread)")):
+        if floor:
+            ax.axhline(mean(floor), color="grey", ls=":", label="trigram floor (held-out)")
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("teacher-forced mean AL, chat/code/math (block 8)")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(data / f"{args.name}.png", dpi=110)
+    plt.close(fig)
+    for name, run in runs.items():
+        for p in run["points"]:
+            print(f"{name:12s} step {p['step']:6d} blocks {p['blocks']:8d} {p['train_seconds'] / 60:6.1f} min  "
+                  + "  ".join(f"{part} " + " / ".join(f"{p[part][k]:.2f}" for k in sorted(p[part]))
+                              for part in ("held_out", "train", "held_out_engine") if part in p))
+    print(f"(sets: {', '.join(sorted(floor or {}))}) wrote {data / args.name}.json, .png")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["cache", "train", "eval", "publish"])
+    ap.add_argument("command", choices=["cache", "train", "eval", "publish", "curves"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--run", default="main", help="run name: state, snapshots and curve in cached-runs/NAME")
     ap.add_argument("--minutes", type=float, default=0, help="train: stop at a checkpoint after this long")
@@ -326,12 +409,16 @@ def main() -> None:
     ap.add_argument("--engine-eval", action="store_true", help="train: evaluations also decode through the engine")
     ap.add_argument("--eval-now", action="store_true", help="train: evaluate at the first checkpoint")
     ap.add_argument("--build-cache", action="store_true", help="train: finish the teacher cache before training")
+    ap.add_argument("--init-from", default=None, help="train: a new run starts from this run's last checkpointed "
+                    "weights (fresh optimizer, this run's config)")
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--step", type=int, default=None, help="eval/publish: this snapshot (default: the last)")
+    ap.add_argument("--runs", default="main", help="curves: the runs to plot side by side")
+    ap.add_argument("--name", default="cached_runs", help="curves: docs/data/NAME.json and NAME.png")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
     {"cache": cmd_cache, "train": cmd_train, "eval": cmd_eval,
-     "publish": cmd_publish}[args.command](args)
+     "publish": cmd_publish, "curves": cmd_curves}[args.command](args)
 
 
 if __name__ == "__main__":

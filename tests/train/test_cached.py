@@ -74,6 +74,41 @@ def test_dspark_loss_from_topk_equals_the_full_distribution(target, cache):
     torch.testing.assert_close(cached.target_topk.probs, full.target_topk.probs[:, :16])
 
 
+@pytest.mark.parametrize("pruned, bf16", [(False, False), (True, False), (True, True)])
+def test_the_chunked_dspark_loss_gives_autograds_values_and_gradients(target, cache, monkeypatch, pruned, bf16):
+    """`head_loss.draft_head_loss` (row chunks, gradients formed in the forward pass) against autograd over
+    the same expression (`dspark_loss`'s reference path): loss parts and every parameter's gradient, with
+    chunks of 5 rows so that chunk edges and a short last chunk are crossed."""
+    from blockdraft.train import head_loss, losses
+
+    monkeypatch.setattr(head_loss.draft_head_loss, "__defaults__", (torch.float32, torch.float32, 5))
+    drafter = tiny(target, "dspark", torch.arange(0, 128, 2) if pruned else None)
+    seq = cache.seq(1)
+    anchors = torch.arange(seq.anchor_range[0], len(seq.ids) - 1, 2)
+    taps = cache.taps_for(seq, TAPS, "layer_output", target.config.num_layers - 1)
+    runs = {}
+    for path in ("chunked", "reference"):
+        if path == "reference":
+            monkeypatch.setattr(losses, "_plain_head", lambda *_: False)
+        drafter.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            block = with_topk(blocks_at(drafter, taps, None, seq.ids, anchors), anchors, len(seq.ids),
+                              seq.topk_ids, seq.topk_probs)
+            parts = dspark_loss(drafter, block)
+        parts["loss"].backward()
+        runs[path] = ({k: v.detach() for k, v in parts.items()},
+                      {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None})
+    (parts, grads), (ref_parts, ref_grads) = runs["chunked"], runs["reference"]
+    assert len(anchors) * 4 > 5 * 3 and grads.keys() == ref_grads.keys()
+    assert {"lm_head.weight", "markov_head.markov_w2.weight", "markov_head.markov_w1.weight"} <= grads.keys() \
+        or not pruned
+    tol = dict(atol=2e-3, rtol=2e-2) if bf16 else dict(atol=1e-5, rtol=1e-4)
+    for key in ("loss", "ce", "l1", "confidence_bce"):
+        torch.testing.assert_close(parts[key], ref_parts[key], **tol)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[name], **tol, msg=lambda m: f"{name}: {m}")
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 def test_blocks_read_the_shared_context_once_with_the_fused_kernels_values_and_gradients(target, cache, monkeypatch,
                                                                                        bf16):

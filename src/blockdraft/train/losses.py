@@ -16,9 +16,12 @@ import torch
 from torch.nn import functional as F
 
 from ..errors import ConfigError
+from ..layers.linear import StableLinear
 from ..models.drafter import BlockDrafter
+from ..layers.vocab import FULL
 from ..spec_decode.propose import draft_slots
 from ..cache.views import ContextRead
+from .head_loss import draft_head_loss
 
 
 @dataclass
@@ -137,10 +140,17 @@ def dspark_loss(drafter: BlockDrafter, block: Block, ce_alpha: float = 0.1, l1_a
     if block.target_logits is None and block.target_topk is None:
         raise ConfigError("dspark_loss needs the target's distribution: build the block with head=target.lm_head "
                           "or from the teacher cache (with_topk)")
-    bias, embed = drafter.markov_head(block.prev)
-    z = drafter.logits(block.hidden).float() + bias                            # [N, Vd]
     w = torch.exp(-block.slot.float() / gamma) * block.weight
     labels, covered = _draft_labels(drafter, block.labels)
+    head = drafter.lm_head if drafter.config.own_lm_head else drafter.shared.lm_head
+    if block.target_topk is not None and _plain_head(drafter, head):     # the chunked pass (head_loss.py)
+        embed = drafter.markov_head.markov_w1(block.prev)
+        loss, ce, l1 = draft_head_loss(block.hidden, head.weight, embed, drafter.markov_head.markov_w2.weight,
+                                       labels, covered, drafter.to_draft(block.target_topk.ids),
+                                       block.target_topk.probs, w, ce_alpha, l1_alpha, *_product_dtypes(head))
+        return _with_confidence(drafter, block, embed, loss, ce, l1, w, conf_alpha)
+    bias, embed = drafter.markov_head(block.prev)
+    z = drafter.logits(block.hidden).float() + bias                            # [N, Vd]
     log_q = F.log_softmax(z, dim=-1)                                           # [N, Vd]; CE and q from one pass
     ce = -log_q.gather(1, labels[:, None])[:, 0] * covered
     q = log_q.exp()
@@ -153,7 +163,28 @@ def dspark_loss(drafter: BlockDrafter, block: Block, ce_alpha: float = 0.1, l1_a
             p = p[:, drafter.to_target(torch.arange(z.shape[-1]))]
             outside = (1 - p.sum(-1)).clamp_min(0)
         l1 = (q - p).abs().sum(-1) + outside                                   # in [0, 2]
-    loss = _weighted(ce_alpha * ce + l1_alpha * l1, w)
+    return _with_confidence(drafter, block, embed, _weighted(ce_alpha * ce + l1_alpha * l1, w), ce, l1, w, conf_alpha)
+
+
+def _plain_head(drafter: BlockDrafter, head) -> bool:
+    """Whether the draft logits are head(hidden) alone (no multiplier, cap or vocabulary shard) on the
+    CPU: then `draft_head_loss` computes the DSpark loss."""
+    c = drafter.config
+    return (type(head) in (torch.nn.Linear, StableLinear) and head.bias is None and c.output_multiplier == 1.0
+            and not c.final_logit_softcapping and drafter.markov_head.vocab is FULL and head.weight.device.type == "cpu")
+
+
+def _product_dtypes(head) -> tuple[torch.dtype, torch.dtype]:
+    """The dtypes the LM head's and the Markov bias's products run in, as the reference path runs them:
+    bf16 under autocast; else the head's weight dtype and fp32."""
+    if torch.is_autocast_enabled("cpu"):
+        return torch.bfloat16, torch.bfloat16
+    return head.weight.dtype, torch.float32
+
+
+def _with_confidence(drafter: BlockDrafter, block: Block, embed: torch.Tensor, loss: torch.Tensor, ce: torch.Tensor,
+                     l1: torch.Tensor, w: torch.Tensor, conf_alpha: float) -> dict:
+    """The loss parts, plus the confidence head's BCE towards 1 - ½ L1 where the drafter has one."""
     out = {"ce": _weighted(ce, w).detach(), "l1": _weighted(l1, w).detach()}
     heads = drafter.config.heads
     if heads.enable_confidence_head:
