@@ -172,7 +172,7 @@ def cmd_train(args) -> None:
                                 seqs_per_step=args.seqs_per_step, blocks_per_seq=args.blocks_per_seq,
                                 position_gamma=args.gamma, bf16=not args.fp32, seed=args.seed)
         run = {"config": asdict(cfg), "shards": built_shards(), "kinds": args.kinds.split(","), "layers": args.layers,
-               "threads": args.threads, "cpu": cpu_model(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+               "threads": args.threads, "cpu": cpu_model(), "cpu_class": cpu_class(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                "eval_minutes": args.eval_minutes, "engine_eval": args.engine_eval}
         if args.init_from:
             run["init_from"] = parent_start(args.init_from, run)
@@ -222,6 +222,18 @@ def cmd_train(args) -> None:
     blocks = sum(h["blocks"] for h in state.history[run["kinds"][0]])
     print(f"stopped at step {state.step}: {blocks} blocks in {state.elapsed:.0f} s "
           f"({blocks / max(state.elapsed, 1e-9):.1f} blocks/s)", flush=True)
+
+
+def cpu_class() -> str:
+    """The instruction sets that set this machine's bf16 training speed, as docs/training.md names them."""
+    from blockdraft.numerics import cpu_flags
+
+    flags = cpu_flags()
+    if {"amx_bf16", "amx_tile"} <= flags:
+        return "AMX"
+    if "avx512_bf16" in flags:
+        return "AVX512-VNNI/BF16, no AMX"
+    return "AVX2, no native bf16" if "avx2" in flags else "no AVX2"
 
 
 def parent_start(name: str, run: dict) -> dict:
@@ -281,7 +293,7 @@ head covers a pruned draft vocabulary (`d2t`/`t2d`).
 | data | `data/teacher/smollm2` shards {shards}: {sequences} conversations, {response_tokens} response tokens (the target's own greedy responses, bf16; sources and licences in its manifest) |
 | recipe | the teacher cache (`scripts/train_cached_drafters.py`): one teacher-forced pass per sequence kept its taps and top-{top_k} next-token distribution; every response position an anchor; 0.1 CE + 0.9 top-k L1, confidence head on 1 - ½L1; AdamW lr {lr} ({schedule} after {warmup} warmup steps), bf16 autocast over fp32 weights |
 | budget | {step} steps, {blocks:,} blocks trained ({epochs:.2f} passes over the response positions) |
-| training time | {hours:.2f} h on {threads} CPU thread of a 2-core {cpu} (AMX), shared with other work |
+| training time | {hours:.2f} h on {threads} CPU thread of a 2-core {cpu} ({cpu_class}), shared with other work |
 
 Greedy acceptance (block {block}), teacher-forced over every response anchor with a full block, on the
 target's responses to held-out prompts ({n_prompts} per set, {eval_tokens} tokens; none in the training data)
@@ -328,7 +340,8 @@ def cmd_publish(args) -> None:
         coverage=run["vocab"]["coverage"], shards=len(run["shards"]), sequences=data["sequences"],
         response_tokens=data["response_tokens"], top_k=TOP_K, lr=cfg["lr"], schedule=cfg["schedule"],
         warmup=cfg["warmup"], step=step, blocks=row["blocks"], epochs=row["blocks"] / data["response_tokens"],
-        hours=row["train_seconds"] / 3600, threads=run["threads"], cpu=run["cpu"], n_prompts=recipe.EVAL_PROMPTS,
+        hours=row["train_seconds"] / 3600, threads=run["threads"], cpu=run["cpu"],
+        cpu_class=run.get("cpu_class", "instruction set not recorded"), n_prompts=recipe.EVAL_PROMPTS,
         eval_tokens=recipe.EVAL_TOKENS, rows=rows, run=args.run))
     print(f"published dspark step {step} -> {dest}")
 
