@@ -82,6 +82,8 @@ def test_the_chunked_dspark_loss_gives_autograds_values_and_gradients(target, ca
     from blockdraft.train import head_loss, losses
 
     monkeypatch.setattr(head_loss.draft_head_loss, "__defaults__", (torch.float32, torch.float32, 5))
+    calls = []
+    monkeypatch.setattr(losses, "draft_head_loss", lambda *a, **k: calls.append(1) or head_loss.draft_head_loss(*a, **k))
     drafter = tiny(target, "dspark", torch.arange(0, 128, 2) if pruned else None)
     seq = cache.seq(1)
     anchors = torch.arange(seq.anchor_range[0], len(seq.ids) - 1, 2)
@@ -96,6 +98,7 @@ def test_the_chunked_dspark_loss_gives_autograds_values_and_gradients(target, ca
                               seq.topk_ids, seq.topk_probs)
             parts = dspark_loss(drafter, block)
         parts["loss"].backward()
+        assert len(calls) == 1, f"{path}: the chunked loss ran {len(calls)} times, expected once over both runs"
         runs[path] = ({k: v.detach() for k, v in parts.items()},
                       {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None})
     (parts, grads), (ref_parts, ref_grads) = runs["chunked"], runs["reference"]
