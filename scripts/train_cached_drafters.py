@@ -226,12 +226,12 @@ def cmd_train(args) -> None:
 
 def cpu_class() -> str:
     """The instruction sets that set this machine's bf16 training speed, as docs/training.md names them."""
-    from blockdraft.numerics import cpu_flags
+    from blockdraft.numerics import cpu_flags, native_bf16
 
     flags = cpu_flags()
-    if {"amx_bf16", "amx_tile"} <= flags:
+    if "amx_bf16" in flags:
         return "AMX"
-    if "avx512_bf16" in flags:
+    if native_bf16(flags):
         return "AVX512-VNNI/BF16, no AMX"
     return "AVX2, no native bf16" if "avx2" in flags else "no AVX2"
 
