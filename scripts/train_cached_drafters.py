@@ -172,6 +172,7 @@ def cmd_train(args) -> None:
                                 seqs_per_step=args.seqs_per_step, blocks_per_seq=args.blocks_per_seq,
                                 position_gamma=args.gamma, bf16=not args.fp32, seed=args.seed)
         run = {"config": asdict(cfg), "shards": built_shards(), "kinds": args.kinds.split(","), "layers": args.layers,
+               "markov_rank": args.markov_rank, "intermediate_size": args.ffn or None,
                "threads": args.threads, "cpu": cpu_model(), "cpu_class": cpu_class(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                "eval_minutes": args.eval_minutes, "engine_eval": args.engine_eval}
         if args.init_from:
@@ -182,7 +183,8 @@ def cmd_train(args) -> None:
     held = eval_cache(llm)
     seqs = [TeacherSeq(cache.seq(i).ids, None, None, cache.seq(i).response_start) for i in range(len(cache))]
     torch.manual_seed(cfg.seed)
-    drafters, vocab = recipe.new_drafters(llm, seqs, sorted(llm._eos_ids()), run["layers"], tuple(run["kinds"]))
+    drafters, vocab = recipe.new_drafters(llm, seqs, sorted(llm._eos_ids()), run["layers"], tuple(run["kinds"]),
+                                          *shape_of(run))
     run.setdefault("vocab", vocab)
     if "init_from" in run and not (out / "state.pt").is_file():     # a new run from its parent's weights
         parent = run_dir(run["init_from"]["run"])
@@ -236,6 +238,11 @@ def cpu_class() -> str:
     return "AVX2, no native bf16" if "avx2" in flags else "no AVX2"
 
 
+def shape_of(run: dict) -> tuple[int, int | None]:
+    """A run's drafter shape beyond its depth: (Markov rank, MLP width; None = the target's)."""
+    return run.get("markov_rank", recipe.MARKOV_RANK), run.get("intermediate_size")
+
+
 def parent_start(name: str, run: dict) -> dict:
     """Where a run started with --init-from NAME begins: NAME's last checkpoint (its step, the blocks and
     seconds it had trained), checked to hold the same drafter kinds and depth."""
@@ -243,9 +250,9 @@ def parent_start(name: str, run: dict) -> dict:
     if not (parent / "state.pt").is_file():
         sys.exit(f"--init-from {name}: no checkpoint in {parent}")
     meta = json.loads((parent / "run.json").read_text())
-    if (meta["kinds"], meta["layers"]) != (run["kinds"], run["layers"]):
-        sys.exit(f"--init-from {name}: it trains {meta['kinds']} with {meta['layers']} layers, this run "
-                 f"{run['kinds']} with {run['layers']}")
+    if (meta["kinds"], meta["layers"], shape_of(meta)) != (run["kinds"], run["layers"], shape_of(run)):
+        sys.exit(f"--init-from {name}: it trains {meta['kinds']} with {meta['layers']} layers, (Markov rank, MLP "
+                 f"width) {shape_of(meta)}, this run {run['kinds']} with {run['layers']}, {shape_of(run)}")
     saved = torch.load(parent / "state.pt", weights_only=False, map_location="cpu")
     blocks = sum(h["blocks"] for h in saved["history"][meta["kinds"][0]])
     return {"run": name, "step": saved["step"], "blocks": blocks, "train_seconds": round(saved["elapsed"], 1)}
@@ -288,7 +295,7 @@ head covers a pruned draft vocabulary (`d2t`/`t2d`).
 
 | | |
 |---|---|
-| architecture | {layers} drafter layers, block size {block}, taps {taps} read at `layer_output`, mask token {mask}, Markov rank {rank}, confidence head |
+| architecture | {layers} drafter layers, block size {block}, taps {taps} read at `layer_output`, mask token {mask}, Markov rank {rank}, MLP width {ffn}, confidence head |
 | draft vocabulary | {vocab_size} most frequent response ids (+ EOS): {coverage:.2%} of the training response tokens |
 | data | `data/teacher/smollm2` shards {shards}: {sequences} conversations, {response_tokens} response tokens (the target's own greedy responses, bf16; sources and licences in its manifest) |
 | recipe | the teacher cache (`scripts/train_cached_drafters.py`): one teacher-forced pass per sequence kept its taps and top-{top_k} next-token distribution; every response position an anchor; 0.1 CE + 0.9 top-k L1, confidence head on 1 - ½L1; AdamW lr {lr} ({schedule} after {warmup} warmup steps), bf16 autocast over fp32 weights |
@@ -336,7 +343,7 @@ def cmd_publish(args) -> None:
                      for k in engine)
     (dest / "MODEL_CARD.md").write_text(CARD.format(
         mb=(dest / "model.safetensors").stat().st_size / 2 ** 20, layers=run["layers"], block=recipe.BLOCK,
-        taps=list(recipe.TAPS), mask=recipe.MASK_ID, rank=recipe.MARKOV_RANK, vocab_size=run["vocab"]["draft_vocab_size"],
+        taps=list(recipe.TAPS), mask=recipe.MASK_ID, rank=shape_of(run)[0], ffn=shape_of(run)[1] or "the target's", vocab_size=run["vocab"]["draft_vocab_size"],
         coverage=run["vocab"]["coverage"], shards=len(run["shards"]), sequences=data["sequences"],
         response_tokens=data["response_tokens"], top_k=TOP_K, lr=cfg["lr"], schedule=cfg["schedule"],
         warmup=cfg["warmup"], step=step, blocks=row["blocks"], epochs=row["blocks"] / data["response_tokens"],
@@ -358,6 +365,7 @@ def run_points(name: str) -> dict:
               for key, v in curve.items() if key != "trigram"]
     floor = {k: round(x["mean_al"], 4) for k, x in curve["trigram"]["held_out"].items()} if "trigram" in curve else None
     return {"config": run["config"], "layers": run["layers"], "kinds": run["kinds"], "cpu": run.get("cpu"),
+            "markov_rank": shape_of(run)[0], "intermediate_size": shape_of(run)[1],
             "init_from": run.get("init_from"), "points": sorted(points, key=lambda p: p["step"]),
             "trigram_held_out": floor}
 
@@ -415,6 +423,8 @@ def main() -> None:
     ap.add_argument("--blocks-per-seq", type=int, default=0, help="0: every response position")
     ap.add_argument("--gamma", type=float, default=4.0)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--markov-rank", type=int, default=recipe.MARKOV_RANK, help="train: DSpark's Markov head rank")
+    ap.add_argument("--ffn", type=int, default=0, help="train: the drafter's MLP width (0: the target's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kinds", default="dspark,dflash")
     ap.add_argument("--fp32", action="store_true", help="train in fp32 (no bf16 autocast)")

@@ -26,9 +26,11 @@ from ..models.target import TargetModel
 
 def new_drafter(target: TargetModel, kind: str, num_layers: int, block_size: int,
                 target_layer_ids: tuple[int, ...], mask_token_id: int, markov_rank: int = 64,
-                seed: int = 0, draft_vocab: torch.Tensor | None = None, **extra) -> BlockDrafter:
+                seed: int = 0, draft_vocab: torch.Tensor | None = None, intermediate_size: int | None = None,
+                **extra) -> BlockDrafter:
     """`draft_vocab` (sorted target ids) prunes the drafter's vocabulary: it gets its own LM head,
-    initialised from the target's rows for those ids, and the d2t/t2d maps."""
+    initialised from the target's rows for those ids, and the d2t/t2d maps. `intermediate_size` widens or
+    narrows the drafter's MLPs (default: the target's)."""
     t = target.config
     spec = kinds.drafter_kind(kind)
     extra.setdefault("tap_point", spec.tap_point)
@@ -39,7 +41,7 @@ def new_drafter(target: TargetModel, kind: str, num_layers: int, block_size: int
             raise ValueError("draft_vocab must be strictly increasing target ids")
         extra.update(draft_vocab_size=len(draft_vocab), own_lm_head=True)
     cfg = DrafterConfig(kind=kind, vocab_size=t.vocab_size, hidden_size=t.hidden_size,
-                        intermediate_size=t.intermediate_size, num_layers=num_layers, num_heads=t.num_heads,
+                        intermediate_size=intermediate_size or t.intermediate_size, num_layers=num_layers, num_heads=t.num_heads,
                         num_kv_heads=t.num_kv_heads, head_dim=t.head_dim, target_layer_ids=tuple(target_layer_ids),
                         mask_token_id=mask_token_id, block_size=block_size, shift_label=spec.shift_label,
                         rms_norm_eps=t.rms_norm_eps, rope=t.rope, layer_types=("full_attention",) * num_layers,

@@ -55,25 +55,29 @@ def teacher_sequences(data: Path):
     return seqs, {"shards": len(manifest["shards"]), "conversations": len(seqs), "response_tokens": tokens}
 
 
-def new_drafters(llm, seqs, eos_ids, layers: int = LAYERS, kinds: tuple[str, ...] = KINDS):
+def new_drafters(llm, seqs, eos_ids, layers: int = LAYERS, kinds: tuple[str, ...] = KINDS,
+                 markov_rank: int = MARKOV_RANK, intermediate_size: int | None = None):
     """A new fp32 drafter of each of `kinds`, the pruned ones over the `DRAFT_VOCAB` most frequent response
-    ids of `seqs` (+ `eos_ids`), and that vocabulary's summary."""
+    ids of `seqs` (+ `eos_ids`), and that vocabulary's summary. `markov_rank` and `intermediate_size` (None:
+    the target's) shape every drafter alike."""
     from .vocab import choose_draft_vocab, token_counts
 
     responses = [s.ids[s.response_start:].tolist() for s in seqs]
     vocab = choose_draft_vocab(token_counts(responses, llm.target.config.vocab_size), DRAFT_VOCAB, always=eos_ids)
-    return {kind: new_drafter_from_ids(llm, kind, vocab.ids if PRUNED[kind] else None, layers)
+    return {kind: new_drafter_from_ids(llm, kind, vocab.ids if PRUNED[kind] else None, layers, markov_rank,
+                                       intermediate_size)
             for kind in kinds}, vocab.summary()
 
 
-def new_drafter_from_ids(llm, kind, ids, layers=LAYERS):
+def new_drafter_from_ids(llm, kind, ids, layers=LAYERS, markov_rank=MARKOV_RANK, intermediate_size=None):
     """A new fp32 drafter (`ids`: its draft vocabulary; None = the target's). Training reads the target's
     LM head through a frozen fp32 copy: the bf16 one runs multi-row products in row-invariant chunks of
     16, which inference needs and training does not."""
     from ..checkpoints.publish import new_drafter
     from ..models.drafter import SharedWeights
 
-    d = new_drafter(llm.target, kind, layers, BLOCK, TAPS, MASK_ID, markov_rank=MARKOV_RANK, draft_vocab=ids).float()
+    d = new_drafter(llm.target, kind, layers, BLOCK, TAPS, MASK_ID, markov_rank=markov_rank, draft_vocab=ids,
+                    intermediate_size=intermediate_size).float()
     d.shared = SharedWeights(d.shared.embed_tokens, fp32_head(llm.target))
     return d
 
