@@ -396,14 +396,14 @@ static inline __m512 group_epilogue(__m512i ih, __m512i il, __m512 dv, __m512 mv
     return bits == 4 ? _mm512_fmadd_ps(mv, _mm512_set1_ps(a->sx[at]), acc) : acc;
 }
 
-/* R rows (a constant where it is inlined) over all groups of one block, their 16 sums each in registers;
+/* R <= 5 rows (a constant where it is inlined) over all groups of one block, their 16 sums each in registers;
  * A8: the activations are 8-bit (a constant too) */
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma"), always_inline))
 static inline void tile_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0,
                                float *acc, const int R, const int A8) {
     const __m512i low = _mm512_set1_epi8(15);
     size_t wstride = bits == 4 ? 256 : 512, sstride = bits == 4 ? 32 : 16;
-    __m512 o[4];
+    __m512 o[5];
     for (int r = 0; r < R; r++) o[r] = _mm512_setzero_ps();
     for (int g = 0; g < G; g++) {
         const uint8_t *wg = w + g * wstride;
@@ -436,6 +436,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
 static void block_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0, int n,
                          float *acc) {
     int r = 0;
+    if (n % 4 == 1 && n >= 5) {      /* 5 + 4 + ...: no tile unpacks the weights for one row */
+        if (a->act8) tile_avx512(w, sc, bits, G, K, a, r0, acc, 5, 1);
+        else tile_avx512(w, sc, bits, G, K, a, r0, acc, 5, 0);
+        r = 5;
+    }
     if (a->act8) {
         for (; r + 4 <= n; r += 4) tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 4, 1);
         switch (n - r) {
