@@ -284,7 +284,7 @@ def llamacpp(args) -> None:
     torch.set_num_threads(args.threads)
     llm = blockdraft.LLM(drafter="none", max_batch=1, quantization="int4")
     params = blockdraft.SamplingParams(max_tokens=args.tokens, ignore_eos=True)
-    prompt = [llm.tokenizer.bos_token_id if llm.tokenizer.bos_token_id is not None else 1]
+    prompt = llm.encode("Hello", chat=False)[-1:]
     adaptive = llm.engine.threads
 
     def ours(fixed: bool) -> float:
