@@ -298,8 +298,8 @@ head covers a pruned draft vocabulary (`d2t`/`t2d`).
 | architecture | {layers} drafter layers, block size {block}, taps {taps} read at `layer_output`, mask token {mask}, Markov rank {rank}, MLP width {ffn}, confidence head |
 | draft vocabulary | {vocab_size} most frequent response ids (+ EOS): {coverage:.2%} of the training response tokens |
 | data | `data/teacher/smollm2` shards {shards}: {sequences} conversations, {response_tokens} response tokens (the target's own greedy responses, bf16; sources and licences in its manifest) |
-| recipe | the teacher cache (`scripts/train_cached_drafters.py`): one teacher-forced pass per sequence kept its taps and top-{top_k} next-token distribution; every response position an anchor; 0.1 CE + 0.9 top-k L1, confidence head on 1 - ½L1; AdamW lr {lr} ({schedule} after {warmup} warmup steps), bf16 autocast over fp32 weights |
-| budget | {step} steps, {blocks:,} blocks trained ({epochs:.2f} passes over the response positions) |
+| recipe | the teacher cache (`scripts/train_cached_drafters.py`): one teacher-forced pass per sequence kept its taps and top-{top_k} next-token distribution; every response position an anchor; 0.1 CE + 0.9 top-k L1, confidence head on 1 - ½L1; AdamW lr {lr} ({schedule} after {warmup} warmup steps), bf16 autocast over fp32 weights{lineage} |
+| budget | {steps} steps, {blocks:,} blocks trained ({epochs:.2f} passes over the response positions) |
 | training time | {hours:.2f} h on {threads} CPU thread of a 2-core {cpu} ({cpu_class}), shared with other work |
 
 Greedy acceptance (block {block}), teacher-forced over every response anchor with a full block, on the
@@ -310,8 +310,7 @@ and to training prompts, and the engine's measured acceptance on the held-out pr
 |---|---|---|---|---|---|
 {rows}
 
-Reproduce: `python scripts/train_cached_drafters.py train --run {run} --build-cache ...` (the flags in
-`training.json`), then `eval` and `publish --run {run} --step {step}`.
+Reproduce: {reproduce} (the flags in `training.json`), then `eval` and `publish --run {run} --step {step}`.
 """
 
 
@@ -338,6 +337,15 @@ def cmd_publish(args) -> None:
                                                     "train_seconds": row["train_seconds"], "evaluation": row,
                                                     "trigram": curve["trigram"]}, indent=1) + "\n")
     engine, forced, train, floor = (row["held_out_engine"], row["held_out"], row["train"], curve["trigram"]["held_out"])
+    parents = ancestry(run)
+    blocks = row["blocks"] + sum(p["blocks"] for p in parents)
+    seconds = row["train_seconds"] + sum(p["train_seconds"] for p in parents)
+    lineage = "".join(f"; continues run `{p['name']}` from its step {p['step']} (lr {p['run']['config']['lr']}, "
+                      f"{p['run']['config']['schedule']} after {p['run']['config']['warmup']} warmup steps)" for p in parents)
+    chain = [p["name"] for p in reversed(parents)] + [args.run]            # the first run, ..., this one
+    reproduce = ", then ".join(f"`python scripts/train_cached_drafters.py train --run {name} "
+                               + (f"--init-from {chain[i - 1]} ...`" if i else "--build-cache ...`")
+                               for i, name in enumerate(chain))
     rows = "\n".join(f"| {k} | {engine[k]['mean_al']:.2f} | {forced[k]['mean_al']:.2f} | {train[k]['mean_al']:.2f} | "
                      f"{floor[k]['mean_al']:.2f} | {' '.join(f'{p:.2f}' for p in engine[k]['per_position'])} |"
                      for k in engine)
@@ -346,11 +354,24 @@ def cmd_publish(args) -> None:
         taps=list(recipe.TAPS), mask=recipe.MASK_ID, rank=shape_of(run)[0], ffn=shape_of(run)[1] or "the target's", vocab_size=run["vocab"]["draft_vocab_size"],
         coverage=run["vocab"]["coverage"], shards=len(run["shards"]), sequences=data["sequences"],
         response_tokens=data["response_tokens"], top_k=TOP_K, lr=cfg["lr"], schedule=cfg["schedule"],
-        warmup=cfg["warmup"], step=step, blocks=row["blocks"], epochs=row["blocks"] / data["response_tokens"],
-        hours=row["train_seconds"] / 3600, threads=run["threads"], cpu=run["cpu"],
+        warmup=cfg["warmup"], step=step, blocks=blocks, epochs=blocks / data["response_tokens"], lineage=lineage,
+        steps=" + ".join(str(n) for n in [*(p["step"] for p in reversed(parents)), step]), reproduce=reproduce,
+        hours=seconds / 3600, threads=run["threads"], cpu=run["cpu"],
         cpu_class=run.get("cpu_class", "instruction set not recorded"), n_prompts=recipe.EVAL_PROMPTS,
         eval_tokens=recipe.EVAL_TOKENS, rows=rows, run=args.run))
     print(f"published dspark step {step} -> {dest}")
+
+
+def ancestry(run: dict) -> list[dict]:
+    """The runs `run` continues (`--init-from`), nearest first: each one's name, run.json and the step the
+    next run started from."""
+    out = []
+    while "init_from" in run:
+        start = run["init_from"]
+        run = json.loads((run_dir(start["run"]) / "run.json").read_text())
+        out.append({"name": start["run"], "run": run, "step": start["step"], "blocks": start["blocks"],
+                    "train_seconds": start["train_seconds"]})
+    return out
 
 
 def run_points(name: str) -> dict:
