@@ -34,7 +34,7 @@ def plan() -> list[tuple[str, str, int]]:
     """(shard name, source, index within the source), in generation order."""
     from blockdraft.train import prompts as P
 
-    out = [(f"self_instruct_{i:02d}", "self_instruct", i) for i in range(16)]
+    out = [(f"self_instruct_{i:02d}", "self_instruct", i) for i in range(32)]
     out += [(f"templated_math_{i:02d}", "templated_math", i) for i in range(4)]
     out += [(f"stdlib_code_{i:02d}", "stdlib_code", i) for i in range(-(-len(P.stdlib_code(10 ** 6)) // SHARD))]
     out += [(f"stdlib_rewrite_{i:02d}", "stdlib_rewrite", i) for i in range(-(-len(P.stdlib_rewrite(10 ** 6)) // SHARD))]
