@@ -70,6 +70,14 @@ def open_run_cache(llm, shards: list[str]):
     return TapCache.open(CACHE_DIR, cache_spec(llm, files))
 
 
+def teacher_seqs(cache) -> list:
+    """A cache's sequences as the trainer's `TeacherSeq`s (ids and where the response starts; taps read from
+    the cache)."""
+    from blockdraft.train.trainer import TeacherSeq
+
+    return [TeacherSeq(cache.seq(i).ids, None, None, cache.seq(i).response_start) for i in range(len(cache))]
+
+
 def eval_cache(llm):
     """The target's greedy responses to the held-out prompts (no EOS stop, as the engine evaluation
     decodes), as a teacher directory of their own and a cache beside the training one (built once)."""
@@ -154,7 +162,6 @@ def cmd_train(args) -> None:
     from blockdraft.checkpoints.publish import save_drafter
     from blockdraft.numerics import cpu_model
     from blockdraft.train.cached import CachedTrainConfig, fit_cached
-    from blockdraft.train.trainer import TeacherSeq
 
     torch.set_num_threads(args.threads)
     out = run_dir(args.run)
@@ -181,9 +188,12 @@ def cmd_train(args) -> None:
     cfg = CachedTrainConfig(**run["config"])
     cache = open_run_cache(llm, run["shards"])
     held = eval_cache(llm)
-    seqs = [TeacherSeq(cache.seq(i).ids, None, None, cache.seq(i).response_start) for i in range(len(cache))]
+    seqs = teacher_seqs(cache)
+    # a run that continues another keeps its draft vocabulary: counted on the first run's shards
+    vocab_from = ancestry(run)[-1]["run"]["shards"] if "init_from" in run else run["shards"]
+    vocab_seqs = seqs if vocab_from == run["shards"] else teacher_seqs(open_run_cache(llm, vocab_from))
     torch.manual_seed(cfg.seed)
-    drafters, vocab = recipe.new_drafters(llm, seqs, sorted(llm._eos_ids()), run["layers"], tuple(run["kinds"]),
+    drafters, vocab = recipe.new_drafters(llm, vocab_seqs, sorted(llm._eos_ids()), run["layers"], tuple(run["kinds"]),
                                           *shape_of(run))
     run.setdefault("vocab", vocab)
     if "init_from" in run and not (out / "state.pt").is_file():     # a new run from its parent's weights
