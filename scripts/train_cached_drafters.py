@@ -255,7 +255,7 @@ def shape_of(run: dict) -> tuple[int, int | None]:
 
 def parent_start(name: str, run: dict) -> dict:
     """Where a run started with --init-from NAME begins: NAME's last checkpoint (its step, the blocks and
-    seconds it had trained), checked to hold the same drafter kinds and depth."""
+    seconds it had trained), checked to hold the same drafter kinds, depth, Markov rank and MLP width."""
     parent = run_dir(name)
     if not (parent / "state.pt").is_file():
         sys.exit(f"--init-from {name}: no checkpoint in {parent}")
