@@ -179,7 +179,8 @@ def cmd_train(args) -> None:
                                 seqs_per_step=args.seqs_per_step, blocks_per_seq=args.blocks_per_seq,
                                 position_gamma=args.gamma, bf16=not args.fp32, seed=args.seed)
         run = {"config": asdict(cfg), "shards": built_shards(), "kinds": args.kinds.split(","), "layers": args.layers,
-               "markov_rank": args.markov_rank, "intermediate_size": args.ffn or None,
+               "markov_rank": args.markov_rank,
+               "intermediate_size": args.ffn if args.ffn not in (0, llm.target.config.intermediate_size) else None,
                "threads": args.threads, "cpu": cpu_model(), "cpu_class": cpu_class(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                "eval_minutes": args.eval_minutes, "engine_eval": args.engine_eval}
         if args.init_from:
@@ -306,7 +307,7 @@ head covers a pruned draft vocabulary (`d2t`/`t2d`).
 | | |
 |---|---|
 | architecture | {layers} drafter layers, block size {block}, taps {taps} read at `layer_output`, mask token {mask}, Markov rank {rank}, MLP width {ffn}, confidence head |
-| draft vocabulary | {vocab_size} most frequent response ids (+ EOS): {coverage:.2%} of the training response tokens |
+| draft vocabulary | {vocab_size} most frequent response ids (+ EOS): {coverage:.2%} of the response tokens they were counted on (the first run's shards) |
 | data | `data/teacher/smollm2` shards {shards}: {sequences} conversations, {response_tokens} response tokens (the target's own greedy responses, bf16; sources and licences in its manifest) |
 | recipe | the teacher cache (`scripts/train_cached_drafters.py`): one teacher-forced pass per sequence kept its taps and top-{top_k} next-token distribution; every response position an anchor; 0.1 CE + 0.9 top-k L1, confidence head on 1 - ½L1; AdamW lr {lr} ({schedule} after {warmup} warmup steps), bf16 autocast over fp32 weights{lineage} |
 | budget | {steps} steps, {blocks:,} blocks trained ({epochs:.2f} passes over the response positions) |
@@ -343,15 +344,21 @@ def cmd_publish(args) -> None:
     for name in ("config.json", "model.safetensors"):
         shutil.copy(snap / "dspark" / name, dest / name)
     cfg, data = run["config"], run["data"]
+
+    engine, forced, train, floor = (row["held_out_engine"], row["held_out"], row["train"], curve["trigram"]["held_out"])
+    parents, start = ancestry(run), before(run)
+    blocks, seconds = row["blocks"] + start["blocks"], row["train_seconds"] + start["train_seconds"]
+    lineage, child = "", "it"
+    for p in parents:                   # nearest first: "it continues B ...; `B` continues A ..."
+        c = p["run"]["config"]
+        lineage += (f"; {child} continues run `{p['name']}` from its step {p['step']} (lr {c['lr']}, "
+                    f"{c['schedule']} after {c['warmup']} warmup steps)")
+        child = f"`{p['name']}`"
     (dest / "training.json").write_text(json.dumps({"run": run, "step": step, "blocks": row["blocks"],
                                                     "train_seconds": row["train_seconds"], "evaluation": row,
-                                                    "trigram": curve["trigram"]}, indent=1) + "\n")
-    engine, forced, train, floor = (row["held_out_engine"], row["held_out"], row["train"], curve["trigram"]["held_out"])
-    parents = ancestry(run)
-    blocks = row["blocks"] + sum(p["blocks"] for p in parents)
-    seconds = row["train_seconds"] + sum(p["train_seconds"] for p in parents)
-    lineage = "".join(f"; continues run `{p['name']}` from its step {p['step']} (lr {p['run']['config']['lr']}, "
-                      f"{p['run']['config']['schedule']} after {p['run']['config']['warmup']} warmup steps)" for p in parents)
+                                                    "trigram": curve["trigram"], "continues": parents,
+                                                    "total_blocks": blocks, "total_train_seconds": seconds},
+                                                   indent=1) + "\n")
     chain = [p["name"] for p in reversed(parents)] + [args.run]            # the first run, ..., this one
     reproduce = ", then ".join(f"`python scripts/train_cached_drafters.py train --run {name} "
                                + (f"--init-from {chain[i - 1]} ...`" if i else "--build-cache ...`")
@@ -384,6 +391,12 @@ def ancestry(run: dict) -> list[dict]:
     return out
 
 
+def before(run: dict) -> dict:
+    """Blocks and training seconds the runs `run` continues had trained when it started (zero for a new run)."""
+    parents = ancestry(run)
+    return {"blocks": sum(p["blocks"] for p in parents), "train_seconds": sum(p["train_seconds"] for p in parents)}
+
+
 def run_points(name: str) -> dict:
     """One run's config and its evaluations (step order): blocks, training seconds, and mean AL per set,
     teacher-forced on training and held-out rows and, where measured, through the engine."""
@@ -398,6 +411,7 @@ def run_points(name: str) -> dict:
     return {"config": run["config"], "layers": run["layers"], "kinds": run["kinds"], "cpu": run.get("cpu"),
             "markov_rank": shape_of(run)[0], "intermediate_size": shape_of(run)[1],
             "init_from": run.get("init_from"), "points": sorted(points, key=lambda p: p["step"]),
+            "before": before(run),
             "trigram_held_out": floor}
 
 
@@ -416,7 +430,7 @@ def cmd_curves(args) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     mean = lambda sets: sum(sets.values()) / len(sets)
     for name, run in runs.items():
-        pts, start = run["points"], run["init_from"] or {"blocks": 0, "train_seconds": 0.0}   # a child from its parent's
+        pts, start = run["points"], run["before"]          # a continued run from where its line of runs stood
         for ax, x in zip(axes, ([(start["blocks"] + p["blocks"]) / 1e3 for p in pts],
                                 [(start["train_seconds"] + p["train_seconds"]) / 3600 for p in pts])):
             line, = ax.plot(x, [mean(p["held_out"]) for p in pts], "-o", ms=3, label=f"{name} held-out")

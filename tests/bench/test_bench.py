@@ -77,29 +77,28 @@ def test_eval_sets_are_held_out_of_training_prompts():
     assert len(load_set("humaneval")) == 164 and len(load_set("chat")) >= 20 and len(load_set("math")) >= 20
 
 
-@pytest.mark.parametrize("script,command", [("bench_runtimes.py", "core"), ("bench_runtimes.py", "onnx"),
-                                            ("bench_runtimes.py", "transformers")])
-def test_benchmark_scripts_time_the_engine_users_run(script, command):
-    """They time `LLMEngine` (via `sized_engine`), not the tests' single-sequence oracle, and parse their flags."""
+def _bench_script(script: str, *args: str):
+    """benchmarks/SCRIPT's source and the result of running it with `args`."""
     import subprocess
     import sys
     from pathlib import Path
 
     path = Path(__file__).parents[2] / "benchmarks" / script
-    source = path.read_text()
+    return path.read_text(), subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True,
+                                            timeout=120)
+
+
+@pytest.mark.parametrize("script,command", [("bench_runtimes.py", "core"), ("bench_runtimes.py", "onnx"),
+                                            ("bench_runtimes.py", "transformers"), ("bench_runtimes.py", "llamacpp")])
+def test_benchmark_scripts_time_the_engine_users_run(script, command):
+    """They time `LLMEngine` (via `sized_engine`), not the tests' single-sequence oracle, and parse their flags."""
+    source, run = _bench_script(script, command, "--help")
     assert "decode_oracle" not in source and "generate_one" not in source and "sized_engine(" in source
-    run = subprocess.run([sys.executable, str(path), command, "--help"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "usage:" in run.stdout and "(default:" in run.stdout, run.stderr
 
 
 def test_llamacpp_comparison_names_a_missing_llama_bench():
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).parents[2] / "benchmarks" / "bench_runtimes.py"
-    run = subprocess.run([sys.executable, str(path), "llamacpp", "--llama-bench", "/nonexistent/llama-bench"],
-                         capture_output=True, text=True, timeout=120)
+    _, run = _bench_script("bench_runtimes.py", "llamacpp", "--llama-bench", "/nonexistent/llama-bench")
     assert run.returncode != 0 and "--llama-bench /nonexistent/llama-bench: no such file" in run.stderr, run.stderr
 
 
