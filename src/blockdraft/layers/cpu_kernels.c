@@ -432,30 +432,29 @@ static inline void tile_avx512(const uint8_t *w, const uint16_t *sc, int bits, i
     for (int r = 0; r < R; r++) _mm512_storeu_ps(acc + r * COLS, o[r]);
 }
 
+/* n rows of one block in tiles of 4 (5 + 4 + ... where n = 4k + 1 >= 5: no tile unpacks the weights for one
+ * row), then the 1-3 left; A8 is a constant where it is inlined */
+__attribute__((target("avx512f,avx512bw,avx512vnni,fma"), always_inline))
+static inline void tiles_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0,
+                                int n, float *acc, const int A8) {
+    int r = 0;
+    if (n % 4 == 1 && n >= 5) {
+        tile_avx512(w, sc, bits, G, K, a, r0, acc, 5, A8);
+        r = 5;
+    }
+    for (; r + 4 <= n; r += 4) tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 4, A8);
+    switch (n - r) {
+        case 3: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 3, A8); break;
+        case 2: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 2, A8); break;
+        case 1: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 1, A8); break;
+    }
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
 static void block_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0, int n,
                          float *acc) {
-    int r = 0;
-    if (n % 4 == 1 && n >= 5) {      /* 5 + 4 + ...: no tile unpacks the weights for one row */
-        if (a->act8) tile_avx512(w, sc, bits, G, K, a, r0, acc, 5, 1);
-        else tile_avx512(w, sc, bits, G, K, a, r0, acc, 5, 0);
-        r = 5;
-    }
-    if (a->act8) {
-        for (; r + 4 <= n; r += 4) tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 4, 1);
-        switch (n - r) {
-            case 3: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 3, 1); break;
-            case 2: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 2, 1); break;
-            case 1: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 1, 1); break;
-        }
-        return;
-    }
-    for (; r + 4 <= n; r += 4) tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 4, 0);
-    switch (n - r) {
-        case 3: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 3, 0); break;
-        case 2: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 2, 0); break;
-        case 1: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 1, 0); break;
-    }
+    if (a->act8) tiles_avx512(w, sc, bits, G, K, a, r0, n, acc, 1);
+    else tiles_avx512(w, sc, bits, G, K, a, r0, n, acc, 0);
 }
 
 #ifdef BD_AMX
