@@ -346,7 +346,8 @@ def cmd_publish(args) -> None:
     cfg, data = run["config"], run["data"]
 
     engine, forced, train, floor = (row["held_out_engine"], row["held_out"], row["train"], curve["trigram"]["held_out"])
-    parents, start = ancestry(run), before(run)
+    parents = ancestry(run)
+    start = before(parents)
     blocks, seconds = row["blocks"] + start["blocks"], row["train_seconds"] + start["train_seconds"]
     lineage, child = "", "it"
     for p in parents:                   # nearest first: "it continues B ...; `B` continues A ..."
@@ -391,9 +392,8 @@ def ancestry(run: dict) -> list[dict]:
     return out
 
 
-def before(run: dict) -> dict:
-    """Blocks and training seconds the runs `run` continues had trained when it started (zero for a new run)."""
-    parents = ancestry(run)
+def before(parents: list[dict]) -> dict:
+    """Blocks and training seconds a run's `ancestry` had trained when it started (zero for a new run)."""
     return {"blocks": sum(p["blocks"] for p in parents), "train_seconds": sum(p["train_seconds"] for p in parents)}
 
 
@@ -411,7 +411,7 @@ def run_points(name: str) -> dict:
     return {"config": run["config"], "layers": run["layers"], "kinds": run["kinds"], "cpu": run.get("cpu"),
             "markov_rank": shape_of(run)[0], "intermediate_size": shape_of(run)[1],
             "init_from": run.get("init_from"), "points": sorted(points, key=lambda p: p["step"]),
-            "before": before(run),
+            "before": before(ancestry(run)),
             "trigram_held_out": floor}
 
 
