@@ -120,10 +120,12 @@ def plot(report: dict, name: str) -> None:
     fig, ax = made
     rates = report["rates"]
     for k, (model, row) in enumerate(report["models"].items()):
-        full = [row[f"width {BLOCK} a={a}"]["mean_al"] for a in rates]
+        full = [row[f"width {BLOCK} a={a}"]["mean_al"] if f"width {BLOCK} a={a}" in row   # measured, else nominal
+                else sum(a ** i for i in range(BLOCK)) for a in rates]
         for kind, style in (("policy", "-o"), (f"width {BLOCK}", "--x")):
-            ax.plot(full, [row[f"{kind} a={a}"]["vs_plain"] for a in rates], style, color=f"C{k}",
-                    label=f"{model}, {kind}")
+            if f"{kind} a={rates[0]}" in row:
+                ax.plot(full, [row[f"{kind} a={a}"]["vs_plain"] for a in rates], style, color=f"C{k}",
+                        label=f"{model}, {kind}")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlabel(f"mean acceptance length at the full block {BLOCK} (controlled-acceptance drafter)")
     ax.set_ylabel("decode tokens/s vs plain decoding")
@@ -139,6 +141,7 @@ def controlled_flags(ap) -> None:
     ap.add_argument("--rates", default=None, help="per-slot acceptance rates instead of --als")
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--numerics", default="int4")
+    ap.add_argument("--modes", default="policy,width", help="which speculative modes run: the width policy, the full width")
     add_repeats(ap, 3)
     ap.add_argument("--prompt", type=int, default=300, help="prompt tokens")
     add_prompts(ap, None, 64)
@@ -166,12 +169,13 @@ def controlled(args) -> None:
     target's verify pass over the union of the rows' experts, and the rollback.
 
     For each target, batch size and a, in one process and interleaved by repeat (each repeat its own
-    random prompts, one per sequence of the batch): plain decoding (no drafter), the engine with its
-    width policy on (`EngineConfig` defaults; one untimed warm-up request first, so the policy has
-    measured its costs and acceptance, as a running server's has), and the engine held at the full
-    width 8. Reported per run: decode tokens/s over the batch (the tokens after each sequence's first,
-    over the time from the first token to the finish: what the prefill costs is not in it; median over
-    repeats) and its ratio to plain, the same ratio end to end (prefill included), mean acceptance
+    random prompts, one per sequence of the batch): the engine with its width policy on (`EngineConfig`
+    defaults; one untimed warm-up request first, so the policy has measured its costs and acceptance, as
+    a running server's has) and the engine held at the full width 8 (`--modes`), each run right beside a
+    run of plain decoding (no drafter) on the same prompts, before or after it by turns. Reported per
+    run: decode tokens/s over the batch (the tokens after each sequence's first, over the time from the
+    first token to the finish: what the prefill costs is not in it; median over repeats) and its ratio
+    to the plain run beside it (median over repeats), the same ratio end to end (prefill included), mean acceptance
     length, mean drafted width per step, the measured per-slot acceptance at full width, and whether the
     greedy output equals plain decoding's. Writes benchmarks/results/NAME.json and docs/data/NAME.png.
     """
@@ -182,6 +186,8 @@ def controlled(args) -> None:
     rates = ([float(a) for a in args.rates.split(",")] if args.rates
              else [rate_for(float(al)) for al in args.als.split(",")])
     batches = [int(b) for b in args.batches.split(",")]
+    if not (kinds := set(args.modes.split(","))) or not kinds <= {"policy", "width"}:
+        raise SystemExit(f"--modes {args.modes}: a comma-separated subset of policy,width")
     configs = shaped_configs()
     max_len = args.prompt + 4 * args.tokens + 2 * BLOCK + 16     # the policy's warm-up request is 4x longer
     runs: dict[str, dict] = {}                     # "family numerics" -> mode -> engine
@@ -197,9 +203,11 @@ def controlled(args) -> None:
                     name = f"{family} {numerics} batch {batch}"
                     modes = {"plain": sized_engine(target, None, batch, max_len, frozenset())}
                     for a, drafter in drafters.items():
-                        modes[f"policy a={a}"] = sized_engine(target, drafter, batch, max_len, frozenset())
-                        modes[f"width {BLOCK} a={a}"] = sized_engine(target, drafter, batch, max_len, frozenset(),
-                                                                     adaptive_speculation=False)
+                        if "policy" in kinds:
+                            modes[f"policy a={a}"] = sized_engine(target, drafter, batch, max_len, frozenset())
+                        if "width" in kinds:
+                            modes[f"width {BLOCK} a={a}"] = sized_engine(target, drafter, batch, max_len,
+                                                                         frozenset(), adaptive_speculation=False)
                     prompts[name] = [[torch.randint(0, cfg.vocab_size, (args.prompt,),   # a batch per repeat
                                                     generator=torch.Generator().manual_seed(100 * r + i)).tolist()
                                       for i in range(batch)] for r in range(args.repeats)]
@@ -210,10 +218,16 @@ def controlled(args) -> None:
                         print(name, mode, "warm", file=sys.stderr, flush=True)
                     runs[name] = modes
         results = {name: {mode: [] for mode in modes} for name, modes in runs.items()}
+        paired = {name: {mode: [] for mode in modes if mode != "plain"} for name, modes in runs.items()}
         for r in range(args.repeats):
             for name, modes in runs.items():
-                for mode in round_order(modes, r):
-                    results[name][mode].append(decode_run(modes[mode], prompts[name][r], args.tokens))
+                for i, mode in enumerate(round_order([m for m in modes if m != "plain"], r)):
+                    # each mode beside its own plain run, first or second by turns: the machine's drift
+                    # between them is seconds, not the whole round's minutes
+                    for m in (("plain", mode) if (r + i) % 2 == 0 else (mode, "plain")):
+                        run = decode_run(modes[m], prompts[name][r], args.tokens)
+                        (paired[name][mode] if m == "plain" else results[name][mode]).append(run)
+                results[name]["plain"] += [xs[-1] for xs in paired[name].values()]
                 print(r, name, {m: round(v[-1]["tok_s"], 2) for m, v in results[name].items()},
                       file=sys.stderr, flush=True)
     report = {"cpu": cpu_model(), "isa": kernels.best_isa(), "threads": args.threads, "prompt": args.prompt,
@@ -228,15 +242,17 @@ def controlled(args) -> None:
         for mode, xs in modes.items():
             if mode == "plain":
                 continue
-            speed = statistics.median(x["tok_s"] for x in xs)
+            beside = paired[name][mode]
+            per_repeat = ratios([x["tok_s"] for x in xs], [p["tok_s"] for p in beside])
             als = [a for x in xs for a in x["als"]] or [1]
-            row[mode] = {"tok_s": speed, "vs_plain": speed / plain,
-                         "end_to_end_vs_plain": statistics.median(x["end_to_end_tok_s"] for x in xs) / plain_e2e,
-                         "vs_plain_per_repeat": ratios([x["tok_s"] for x in xs], [p["tok_s"] for p in modes["plain"]]),
+            row[mode] = {"tok_s": statistics.median(x["tok_s"] for x in xs), "vs_plain": statistics.median(per_repeat),
+                         "end_to_end_vs_plain": median_ratio([x["end_to_end_tok_s"] for x in xs],
+                                                             [p["end_to_end_tok_s"] for p in beside]),
+                         "vs_plain_per_repeat": per_repeat,
                          "mean_al": statistics.fmean(als),
                          **({"slot_acceptance": slot_rates(als)} if mode.startswith("width") else {}),
                          "mean_width": statistics.fmean(x["width"] for x in xs),
-                         "equals_plain": all(x["tokens"] == p["tokens"] for x, p in zip(xs, modes["plain"]))}
+                         "equals_plain": all(x["tokens"] == p["tokens"] for x, p in zip(xs, beside))}
         report["models"][name] = row
     write_results(args.name, report)
     print(json.dumps({n: {m: (v if isinstance(v, float) else {k: v[k] for k in ("vs_plain", "mean_al", "mean_width",
