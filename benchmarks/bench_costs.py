@@ -4,7 +4,7 @@ numerics lose against fp32 — what the draft-width policy trades off.
     python benchmarks/bench_costs.py [--context 300] [--repeats 7] [--threads 1]
         [--models smollm2,qwen3.5,lfm2,lfm2-moe,gpt-oss,gemma4-moe] [--isas amx,avx512vnni]
         [--schemes int8,int4,int4-a8] [--breakdown] [--name NAME] [--json]
-    python benchmarks/bench_costs.py verify-cost | kernel-ab --base REV | moe-width | state-rollback | fidelity
+    python benchmarks/bench_costs.py verify-cost | kernel-ab --base REV | moe-width | state-rollback | fidelity | dot-floor
 
 With no sub-command: step cost per row count, per numerics, in one run.
 Target: one SmolLM2 pass over R new rows (R = 1, 2, 4, 8, 9, 16) after a `--context`-token
@@ -17,8 +17,8 @@ bf16 and int4: one pass over R rows plus the state commit, once keeping every ro
 rollback: the DeltaNet state replayed over the kept rows, the conv rows and sliding windows gathered). For the
 MoE shapes the R rows read up to R x top-k distinct experts: what verifying a block costs there.
 `--breakdown` adds, per int4 target, where a 1-row and a 9-row pass spend their time (`step_parts.py`:
-linear layers, LM head, attention, DeltaNet recurrence, convolutions, the state commit, the rest) and
-one block pass of a 1-layer DSpark drafter (block 8) in the target's numerics.
+linear layers, LM head, attention, DeltaNet recurrence, convolutions, the state commit, the rest), one
+block pass of a 1-layer DSpark drafter (block 8) in the target's numerics, and its greedy Markov chain.
 `--schemes` picks the weight-only series (default int8,int4; int4-a8: int4 with 8-bit activations; the
 family shapes take the int4 ones). `--isas` times the int4 and int8 series once per instruction set of the int4 kernel (the first is the
 unsuffixed series; the others are suffixed `[isa]`; all give the same bits), so a tile path and the
@@ -34,6 +34,7 @@ Sub-commands (`bench_costs.py COMMAND --help` for each):
   moe-width       verify cost growth on the family shapes, and the width the policy picks (moe_width.*)
   state-rollback  a DeltaNet layer's two rollbacks after a verify: replay vs per-row states (state_rollback.json)
   fidelity        each numerics' top-1 agreement and KL against fp32, teacher-forced (fidelity.json)
+  dot-floor       the VNNI dot products an int4 pass must issue, over this machine's measured peak (dot_floor.json)
 """
 
 from __future__ import annotations
@@ -61,9 +62,11 @@ BREAKDOWN_ROWS = (1, 9)
 
 def step_breakdown(targets: dict, caches: dict, hybrid: dict, args, g) -> dict:
     """{int4 target: {rows: {part: median ms}}} for `BREAKDOWN_ROWS`-row passes, and the block pass of a
-    1-layer DSpark drafter (block 8) built for the target, in its numerics."""
+    1-layer DSpark drafter (block 8) built for the target, in its numerics, then its greedy Markov chain
+    over the block's logits (one W2 · W1[previous token] bias over the vocabulary per slot)."""
     from step_parts import pass_parts
     from blockdraft.checkpoints.publish import new_drafter
+    from blockdraft.drafters.dspark import greedy_chain
     from blockdraft.layers.quant import quantize_drafter
 
     out = {}
@@ -85,6 +88,9 @@ def step_breakdown(targets: dict, caches: dict, hybrid: dict, args, g) -> dict:
         anchor = torch.tensor([int(prompt[0, -1])])
         per["drafter block (1-layer DSpark, block 8)"] = pass_parts(
             lambda: d.logits(d.block_hidden(anchor, 8, dc)), lambda: None, d, args.repeats)
+        logits = d.logits(d.block_hidden(anchor, 8, dc))                      # [1, 8, vocab]
+        per["drafter Markov chain (greedy, 8 slots)"] = pass_parts(
+            lambda: greedy_chain(logits, anchor, d.markov_head), lambda: None, d, args.repeats)
         out[name] = per
     return out
 
@@ -602,7 +608,97 @@ def fidelity(args) -> None:
     print(json.dumps(report, indent=1))
 
 
+# --- dot-floor -----------------------------------------------------------------------------------
+
+# 12 independent VPDPBUSD zmm chains in a counted loop: the instruction's throughput on one core
+PEAK_SOURCE = r"""
+#include <stdio.h>
+#include <time.h>
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+int main(void) {
+    const long iters = 20000000;
+    double best = 1e9;
+    for (int rep = 0; rep < 5; rep++) {
+        long n = iters;
+        double t0 = now();
+        __asm__ volatile(
+            "vpxord %%zmm0, %%zmm0, %%zmm0\n vpxord %%zmm1, %%zmm1, %%zmm1\n"
+            "1:\n"
+            "vpdpbusd %%zmm1, %%zmm0, %%zmm2\n vpdpbusd %%zmm1, %%zmm0, %%zmm3\n vpdpbusd %%zmm1, %%zmm0, %%zmm4\n"
+            "vpdpbusd %%zmm1, %%zmm0, %%zmm5\n vpdpbusd %%zmm1, %%zmm0, %%zmm6\n vpdpbusd %%zmm1, %%zmm0, %%zmm7\n"
+            "vpdpbusd %%zmm1, %%zmm0, %%zmm8\n vpdpbusd %%zmm1, %%zmm0, %%zmm9\n vpdpbusd %%zmm1, %%zmm0, %%zmm10\n"
+            "vpdpbusd %%zmm1, %%zmm0, %%zmm11\n vpdpbusd %%zmm1, %%zmm0, %%zmm12\n vpdpbusd %%zmm1, %%zmm0, %%zmm13\n"
+            "dec %0\n jnz 1b\n"
+            : "+r"(n) :: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+              "xmm11", "xmm12", "xmm13", "cc");
+        double t = now() - t0;
+        if (t < best) best = t;
+    }
+    printf("%.6f\n", iters * 12 / best / 1e9);
+    return 0;
+}
+"""
+
+
+def dot_floor_flags(ap) -> None:
+    ap.add_argument("--models", default="lfm2", help="dense shapes: smollm2, qwen3.5, lfm2")
+    add_threads(ap, 2)
+    ap.add_argument("--rows", default="1,9")
+
+
+def linear_weights(cfg) -> tuple[int, int]:
+    """(weights in the linear layers below the LM head, weights in the LM head) of a target of `cfg`."""
+    from blockdraft.models.target import TargetModel
+    with torch.device("meta"):
+        model = TargetModel(cfg)
+    head = model.lm_head.weight.numel()
+    body = sum(m.weight.numel() for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and m is not model.lm_head)
+    return body, head
+
+
+def dot_floor(args) -> None:
+    """The least time an int4 pass of R rows can take on this machine's AVX512-VNNI path: the VPDPBUSD
+    instructions it must issue, at the rate this machine issues them.
+
+    A C loop of 12 independent VPDPBUSD zmm chains runs on `--threads` cores at once (one process each);
+    their summed rate is the machine's peak. The kernel issues one VPDPBUSD per row per 64 weights per
+    activation byte: 16-bit activations (int4, the default) take two (the hi and the lo byte), 8-bit ones
+    (int4-a8) one; the LM head (8-bit weights, the same count per byte) likewise. So a pass of R rows over a
+    shape's linear layers issues R x weights / 64 x bytes instructions, and cannot take less than that
+    over the peak rate, whatever its epilogue, unpacking or memory traffic cost — compare with the
+    "linear layers" part of `bench_costs.py --breakdown` on the same machine. Writes
+    benchmarks/results/dot_floor.json."""
+    from blockdraft.layers import cpu_kernels as kernels
+    from blockdraft.numerics import cpu_model
+    if kernels.best_isa() not in ("avx512vnni", "amx"):
+        raise SystemExit(f"dot-floor times the AVX512-VNNI path; this CPU's int4 kernel runs {kernels.best_isa()}")
+    configs = shaped_configs()
+    if bad := [m for m in args.models.split(",") if m not in ("smollm2", "qwen3.5", "lfm2")]:
+        raise SystemExit(f"--models {','.join(bad)}: dense shapes only (smollm2, qwen3.5, lfm2)")
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = Path(tmp) / "peak"
+        (Path(tmp) / "peak.c").write_text(PEAK_SOURCE)
+        subprocess.run(["cc", "-O2", str(Path(tmp) / "peak.c"), "-o", str(exe)], check=True)
+        procs = [subprocess.Popen([str(exe)], stdout=subprocess.PIPE, text=True) for _ in range(args.threads)]
+        per_core = [float(p.communicate()[0]) for p in procs]
+    peak = sum(per_core) * 1e9                         # VPDPBUSD per second, all cores
+    rows = [int(r) for r in args.rows.split(",")]
+    report = {"cpu": cpu_model(), "isa": kernels.best_isa(), "threads": args.threads,
+              "vpdpbusd_per_s_per_core": [x * 1e9 for x in per_core], "models": {}}
+    for name in args.models.split(","):
+        body, head = linear_weights(configs[name])
+        entry = {"linear_weights": body, "lm_head_weights": head}
+        for label, nbytes in (("int4", 2), ("int4-a8", 1)):
+            entry[label] = {str(r): {"linear layers ms": 1e3 * r * body / 64 * nbytes / peak,
+                                     "LM head ms": 1e3 * r * head / 64 * nbytes / peak} for r in rows}
+        report["models"][name] = entry
+    write_results("dot_floor", report)
+    print(json.dumps(report, indent=1))
+
+
 COMMANDS = {"verify-cost": (verify_cost_flags, verify_cost), "kernel-ab": (kernel_ab_flags, kernel_ab),
+            "dot-floor": (dot_floor_flags, dot_floor),
             "moe-width": (moe_width_flags, moe_width), "state-rollback": (state_rollback_flags, state_rollback),
             "fidelity": (fidelity_flags, fidelity)}
 

@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import ConfigError
+from ..layers import cpu_kernels as kernels
 from ..layers.linear import StableLinear, fp32_weight
 from ..layers.vocab import FULL
 from ..parallel.layers import ShardedVocab, TPGroup
@@ -66,7 +67,11 @@ class MarkovHead(nn.Module):
     """DSpark low-rank transition bias: bias(prev) = W2(W1[prev]) in fp32, [.., out_vocab].
 
     W1 is read at the previous token's target id; W2 scores the draft vocabulary (the whole
-    vocabulary unless the drafter prunes it)."""
+    vocabulary unless the drafter prunes it). A bf16 drafter on the CPU computes it with
+    `cpu_kernels.markov_bias` (W2 read as bf16, each output's rank terms fused-multiply-added in
+    order: the same bits at any batch; a greedy chain runs it once per slot over the whole
+    vocabulary, so its bytes are most of a drafting step's Markov cost); elsewhere, and while
+    training, PyTorch's fp32 matmul (the two agree to fp32 rounding)."""
 
     def __init__(self, vocab: int, rank: int, out_vocab: int | None = None):
         super().__init__()
@@ -76,7 +81,9 @@ class MarkovHead(nn.Module):
 
     def forward(self, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         embed = self.markov_w1(prev)
-        return F.linear(embed.float(), fp32_weight(self.markov_w2.weight)), embed
+        e = embed.float()
+        bias = kernels.markov_bias(e, self.markov_w2.weight)     # bf16 inference on the CPU: W2 read as bf16
+        return (F.linear(e, fp32_weight(self.markov_w2.weight)) if bias is None else bias), embed
 
 
 class ConfidenceHead(nn.Module):

@@ -1637,3 +1637,60 @@ void bd_delta_rule(const float *state, const float *q, const float *k, const flo
         free(mem);
     }
 }
+
+/* ---- DSpark's Markov bias for inference: out[r, v] = sum over k = 0..rank-1, in order, of e[r, k] * W2[v, k] ----
+ * fp32, every term added by one fused multiply-add (acc = fma(e[r, k], W2[v, k], acc), acc from +0), W2 read
+ * as bf16: each output is that one chain of operations, so the AVX512, AVX2 and portable spellings give the
+ * same bits, whatever the row count, the thread count or the column tiling. Weight layout (written by
+ * layers/cpu_kernels.py): blocks of 128 columns, each block's rank x 128 values contiguous (wb[block][k][c]),
+ * the last block padded with zero columns, so a block streams from memory in order. */
+#define MARKOV_BLOCK 128
+
+static void markov_block_portable(const float *e, int rank, const uint16_t *wb, float acc[MARKOV_BLOCK]) {
+    for (int c = 0; c < MARKOV_BLOCK; c++) acc[c] = 0.0f;
+    for (int k = 0; k < rank; k++)
+        for (int c = 0; c < MARKOV_BLOCK; c++) acc[c] = fmaf(e[k], bf16_to_f32(wb[k * MARKOV_BLOCK + c]), acc[c]);
+}
+
+__attribute__((target("avx2,fma")))
+static void markov_block_avx2(const float *e, int rank, const uint16_t *wb, float acc[MARKOV_BLOCK]) {
+    for (int h = 0; h < MARKOV_BLOCK; h += 64) {          /* 64 columns at a time: 8 accumulators */
+        __m256 a[8];
+        for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+        for (int k = 0; k < rank; k++) {
+            __m256 ek = _mm256_set1_ps(e[k]);
+            const uint16_t *w = wb + k * MARKOV_BLOCK + h;
+            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(ek, load8_bf16(w + 8 * j), a[j]);
+        }
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(acc + h + 8 * j, a[j]);
+    }
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,fma")))
+static void markov_block_avx512(const float *e, int rank, const uint16_t *wb, float acc[MARKOV_BLOCK]) {
+    __m512 a[8];                                           /* the block's 128 columns */
+    for (int j = 0; j < 8; j++) a[j] = _mm512_setzero_ps();
+    for (int k = 0; k < rank; k++) {
+        __m512 ek = _mm512_set1_ps(e[k]);
+        const uint16_t *w = wb + k * MARKOV_BLOCK;
+        for (int j = 0; j < 8; j++) a[j] = _mm512_fmadd_ps(ek, load16_bf16(w + 16 * j), a[j]);
+    }
+    for (int j = 0; j < 8; j++) _mm512_storeu_ps(acc + 16 * j, a[j]);
+}
+
+void bd_markov_bias(const float *e, int rows, int rank, const uint16_t *wb, int V, float *out, int isa, int threads) {
+    int blocks = (V + MARKOV_BLOCK - 1) / MARKOV_BLOCK;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int b = 0; b < blocks; b++) {
+        const uint16_t *w = wb + (size_t)b * rank * MARKOV_BLOCK;
+        int c0 = b * MARKOV_BLOCK, n = V - c0 < MARKOV_BLOCK ? V - c0 : MARKOV_BLOCK;
+        float acc[MARKOV_BLOCK];
+        for (int r = 0; r < rows; r++) {
+            const float *er = e + (size_t)r * rank;
+            if (isa >= ISA_AVX512VNNI) markov_block_avx512(er, rank, w, acc);
+            else if (isa == ISA_AVX2) markov_block_avx2(er, rank, w, acc);
+            else markov_block_portable(er, rank, w, acc);
+            memcpy(out + (size_t)r * V + c0, acc, sizeof(float) * n);
+        }
+    }
+}

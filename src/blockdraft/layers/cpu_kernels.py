@@ -103,6 +103,8 @@ def library() -> ctypes.CDLL | None:
     lib.bd_rmsnorm.argtypes = [ptr, i32, i32, ptr, f32, ptr, i32]
     lib.bd_delta_rule.restype = None
     lib.bd_delta_rule.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, ptr, ptr, ptr, i32]
+    lib.bd_markov_bias.restype = None
+    lib.bd_markov_bias.argtypes = [ptr, i32, i32, ptr, i32, ptr, i32, i32]
     return lib
 
 
@@ -363,3 +365,37 @@ def delta_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                             out.data_ptr(), final.data_ptr(), None if per_row is None else per_row.data_ptr(),
                             torch.get_num_threads())
     return out, final, per_row
+
+
+def markov_bias(embed: torch.Tensor, weight: torch.Tensor, isa: str | None = None) -> torch.Tensor | None:
+    """DSpark's Markov bias W2 · e for inference (`bd_markov_bias`): embed [.., rank] fp32, weight [V, rank]
+    bf16 -> [.., V] fp32, each output the fused multiply-adds of its rank terms in order (the same bits on
+    every instruction set, row count and thread count), reading W2 once per row as bf16 from a copy in
+    blocks of 128 columns cached on the weight (`markov_blocks`; half the bytes of the fp32 weight
+    PyTorch's matmul would read). None where
+    it does not apply: not a bf16 weight on the CPU, autograd recording, no kernel."""
+    if (weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or embed.dtype != torch.float32
+            or library() is None or (torch.is_grad_enabled() and (weight.requires_grad or embed.requires_grad))):
+        return None
+    from .linear import cached_on
+    vocab, rank = weight.shape
+    blocked = cached_on(weight, "_markov_blocks", None, markov_blocks)         # [V / 128, rank, 128] bf16
+    flat = embed.reshape(-1, rank).contiguous()                                 # [rows, rank]
+    out = torch.empty(flat.shape[0], vocab)                                     # [rows, V]
+    if flat.shape[0]:
+        library().bd_markov_bias(flat.data_ptr(), flat.shape[0], rank, blocked.data_ptr(), vocab, out.data_ptr(),
+                                 _isa_code(isa), torch.get_num_threads())
+    return out.view(*embed.shape[:-1], vocab)
+
+
+MARKOV_BLOCK = 128
+
+
+def markov_blocks(weight: torch.Tensor) -> torch.Tensor:
+    """W2 [V, rank] -> `bd_markov_bias`'s layout: [ceil(V / 128), rank, 128], block b holding columns
+    128 b .. 128 b + 127 (zero past V), each block's values contiguous."""
+    vocab, rank = weight.shape
+    blocks = -(-vocab // MARKOV_BLOCK)
+    padded = torch.zeros(blocks * MARKOV_BLOCK, rank, dtype=weight.dtype)
+    padded[:vocab] = weight
+    return padded.view(blocks, MARKOV_BLOCK, rank).transpose(1, 2).contiguous()

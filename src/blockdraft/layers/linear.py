@@ -28,7 +28,7 @@ ROW_CHUNK = 16                                   # the most rows one call takes
 _slices: dict[tuple[int, int, int], int] = {}    # (out, in, threads) -> reduction slices (0: row by row)
 
 
-def _cached_on(weight: torch.Tensor, name: str, extra, make):
+def cached_on(weight: torch.Tensor, name: str, extra, make):
     """`make(weight)` for a frozen weight, cached on it under `name` (remade if it is written in place)."""
     try:
         version = weight._version
@@ -44,7 +44,7 @@ def _cached_on(weight: torch.Tensor, name: str, extra, make):
 
 def _weight_slices(weight: torch.Tensor, parts: int) -> list[torch.Tensor]:
     """Contiguous column slices of a frozen weight, cached on it."""
-    return _cached_on(weight, "_reduction_slices", parts, lambda w: [c.contiguous() for c in w.chunk(parts, dim=1)])
+    return cached_on(weight, "_reduction_slices", parts, lambda w: [c.contiguous() for c in w.chunk(parts, dim=1)])
 
 
 def fp32_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -52,7 +52,7 @@ def fp32_weight(weight: torch.Tensor) -> torch.Tensor:
     once per slot: 8 x 12288 x 64 per drafting step); a weight being trained converts each call (autograd)."""
     if weight.dtype == torch.float32 or (weight.requires_grad and torch.is_grad_enabled()):
         return weight.float()
-    return _cached_on(weight, "_fp32", None, lambda w: w.float())
+    return cached_on(weight, "_fp32", None, lambda w: w.float())
 
 
 def _sliced(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, parts: int) -> torch.Tensor:
