@@ -67,7 +67,7 @@ def step_breakdown(targets: dict, caches: dict, hybrid: dict, args, g) -> dict:
     from step_parts import pass_parts
     from blockdraft.checkpoints.publish import new_drafter
     from blockdraft.drafters.dspark import greedy_chain
-    from blockdraft.layers.quant import quantize_drafter
+    from blockdraft.layers.quant import quantize_drafter, scheme_of
 
     out = {}
     chosen = {n: (t, caches[n]) for n, (t, _) in targets.items() if n in ("int4 weight-only", "int4-a8 weight-only")}
@@ -81,7 +81,7 @@ def step_breakdown(targets: dict, caches: dict, hybrid: dict, args, g) -> dict:
             per[rows] = pass_parts(lambda: t(ids, cache), lambda: cache.truncate(context), t, args.repeats)
         n = t.config.num_layers
         d = quantize_drafter(new_drafter(t, "dspark", 1, 8, (1, n // 2, n - 2), mask_token_id=0, markov_rank=128),
-                             getattr(t, "quantization", "none"))
+                             scheme_of(t))
         dc = d.new_cache(1, context + 32)
         prompt = torch.randint(0, t.config.vocab_size, (1, context), generator=g)
         d.extend_context(t(prompt, t.new_cache(1, context + 32), d.config.taps).taps, dc)
@@ -389,10 +389,10 @@ MAX_WIDTH = 8
 
 def drafter_cost(target, repeats: int, context: int) -> float:
     from blockdraft.checkpoints.publish import new_drafter
-    from blockdraft.layers.quant import quantize_drafter
+    from blockdraft.layers.quant import quantize_drafter, scheme_of
     n = target.config.num_layers
     drafter = new_drafter(target, "dspark", 1, MAX_WIDTH, (1, n // 2, n - 2), mask_token_id=0, markov_rank=64)
-    quantize_drafter(drafter, getattr(target, "quantization", "none"))     # the target's numerics, as load_drafter
+    quantize_drafter(drafter, scheme_of(target))     # the target's numerics, as load_drafter
     cache = drafter.new_cache(1, context + 32)
     taps = torch.randn(1, context, 3 * target.config.hidden_size).to(target.dtype)
     drafter.extend_context(taps, cache)

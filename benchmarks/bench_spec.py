@@ -68,7 +68,7 @@ def chained_drafter(target, perm: torch.Tensor, rate: float):
     """A DSpark drafter whose Markov head knows t -> perm[t] for a share `rate` of the tokens t, in its
     target's weight-only scheme as `load_drafter` puts it."""
     from blockdraft.checkpoints.publish import new_drafter
-    from blockdraft.layers.quant import quantize_drafter
+    from blockdraft.layers.quant import quantize_drafter, scheme_of
     n, vocab = target.config.num_layers, target.config.vocab_size
     drafter = new_drafter(target, "dspark", 1, BLOCK, (1, n // 2, n - 2), mask_token_id=0, markov_rank=MARKOV_RANK)
     g = torch.Generator().manual_seed(2)
@@ -82,7 +82,7 @@ def chained_drafter(target, perm: torch.Tensor, rate: float):
     with torch.no_grad():
         head.markov_w1.weight.copy_(w1)
         head.markov_w2.weight.copy_(w2)
-    return quantize_drafter(drafter, getattr(target, "quantization", "none"))
+    return quantize_drafter(drafter, scheme_of(target))
 
 
 def rate_for(al: float) -> float:
