@@ -199,3 +199,22 @@ def test_measured_costs_never_fall_with_width():
     assert [policy.cost[(1, w)] for w in (0, 4, 8)] == [0.010, 0.010, 0.010]
     policy.record(1, 0, 0.004, [], [])
     assert policy.cost[(1, 0)] == 0.007           # halfway down, as any lower sample moves it
+
+
+def test_a_slow_spell_of_plain_steps_does_not_make_a_weak_drafter_draft():
+    """A plain step's estimate raised by slow steps (and capped at width 1's cost) is not what drafting must
+    beat: the lowest of the recent plain steps is. A drafter that gains 11% at 1.4x a step stays off; one
+    that gains 90% at 1.2x still drafts."""
+    def policy_after_spell(hits: int, width1_cost: float) -> DraftWidthPolicy:
+        policy = DraftWidthPolicy(8, min_gap=1000)
+        _measure(policy, 1, cost_of=lambda w: 1.0 if w == 0 else width1_cost + 0.3 * (w - 1), accepted_of=lambda w: 0)
+        policy.trials[1:], policy.hits[1:] = [1000] * 8, [hits] + [0] * 7
+        policy.record(1, 1, width1_cost, [], [])
+        for _ in range(10):
+            policy.record(1, 0, 1.0, [], [])
+        for _ in range(6):                                 # the slow spell
+            policy.record(1, 0, 1.8, [], [])
+        assert policy.cost[(1, 0)] == policy.cost[(1, 1)] == width1_cost   # raised, then capped at width 1
+        return policy
+    assert policy_after_spell(hits=110, width1_cost=1.4).choose(1) == 0
+    assert policy_after_spell(hits=900, width1_cost=1.2).choose(1) != 0

@@ -20,6 +20,13 @@ The widest width is tried `WIDE_TRIES` times per process, one after another (it 
 slot's acceptance; one step is too few to judge the deep slots by, and the first drafting step
 also pays one-time costs).
 
+Leaving plain decoding must also win against the plain step's lowest cost among its last `PLAIN_LOW`
+samples, not only against its running estimate: a slow spell raises that estimate (and the rule
+above caps it at a drafting width's cost), after which any drafter whose first slot is ever
+accepted would look like a win and draft for the whole stretch until a look measured plain again
+(measured: a width-1 step at 1.4x a plain one, 11% more tokens, drafting at mean width 0.7 through
+requests at 0.86x of plain decoding).
+
 Exploration has a budget: every step earns `explore_share` of its time as credit, and a look at
 a width next to the best one (a plain step among them while drafting, so its cost is not left
 stale) is taken only when the credit covers what the look is expected to lose against the best
@@ -38,10 +45,11 @@ way whatever the timing or the batch.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 
 
 WIDE_TRIES = 3
+PLAIN_LOW = 16          # plain steps whose lowest cost a drafting width must beat
 
 
 class DraftWidthPolicy:
@@ -60,6 +68,7 @@ class DraftWidthPolicy:
         self.since_look: defaultdict[int, int] = defaultdict(int)   # bucket -> steps since its last look
         self.looks: defaultdict[int, int] = defaultdict(int)        # bucket -> looks taken (rotates the target)
         self.wide_steps = 0                                   # steps this process took at the widest width
+        self.plain_recent: defaultdict[int, deque] = defaultdict(lambda: deque(maxlen=PLAIN_LOW))  # bucket -> s
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -110,7 +119,8 @@ class DraftWidthPolicy:
         best = max(rate, key=lambda w: (rate[w], -w))
         if (b, best) not in self.cost:       # estimated (interpolated or scaled) to win: measure it
             return best
-        if best and rate[best] < self.margin * rate[0]:
+        plain = min(self.plain_recent[b], default=self.cost[(b, 0)])
+        if best and rate[best] < self.margin * max(rate[0], 1.0 / plain):
             best = 0      # drafting must win clearly: its context upkeep is not all in the step's time
         self.since_look[b] += 1
         if self.since_look[b] < self.min_gap:
@@ -165,6 +175,8 @@ class DraftWidthPolicy:
         self.wide_steps += width == self.max_width
         old = self.cost.get(key)
         self.cost[key] = seconds if old is None else old + (0.5 if seconds < old else 0.25) * (seconds - old)
+        if width == 0:
+            self.plain_recent[key[0]].append(seconds)
         self._monotone(key[0])
         self.credit[key[0]] += self.explore_share * seconds
         for n, a in zip(drafted, accepted):
