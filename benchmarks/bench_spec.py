@@ -365,7 +365,7 @@ def policy_ab(args) -> None:
                                   quantization=args.quantization) for name in names}
     for name, llm in modes.items():
         if name.endswith("-plain"):
-            llm.engine.policy.choose = lambda batch, owed_rows=0: 0
+            llm.engine.policy.choose = lambda batch: 0
         if args.explore_share is not None:
             llm.engine.policy.explore_share = args.explore_share
         if args.min_gap is not None:

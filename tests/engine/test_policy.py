@@ -218,25 +218,3 @@ def test_a_slow_spell_of_plain_steps_does_not_make_a_weak_drafter_draft():
         return policy
     assert policy_after_spell(hits=110, width1_cost=1.4).choose(1) == 0
     assert policy_after_spell(hits=900, width1_cost=1.2).choose(1) != 0
-
-
-def test_a_look_from_plain_is_charged_the_drafter_context_it_owes():
-    """A look at a drafting width after plain steps first writes their drafter context: with that upkeep
-    measured (per row) and many rows owed, the credit that pays for a bare look no longer pays for it."""
-    def declining_policy() -> DraftWidthPolicy:
-        policy = DraftWidthPolicy(8, min_gap=4, explore_share=0.5)
-        _measure(policy, 1, cost_of=lambda w: 1.0 + 0.5 * w, accepted_of=lambda w: 0)
-        policy.trials[1:], policy.hits[1:] = [100] * 8, [30] + [0] * 7     # weak drafts: plain is best
-        policy.record(1, 1, 1.5, [1], [0], caught_up_rows=10, caught_up_s=1.0)  # 0.1 s per owed row
-        return policy
-
-    def looks(policy, owed_rows: int) -> int:
-        picks = []
-        for _ in range(12):
-            picks.append(policy.choose(1, owed_rows))
-            policy.record(1, picks[-1], 1.0 + 0.5 * picks[-1], [picks[-1]], [0])
-        return sum(w > 0 for w in picks)
-
-    assert declining_policy().upkeep_per_row == pytest.approx(0.1)
-    assert looks(declining_policy(), owed_rows=0) > 0
-    assert looks(declining_policy(), owed_rows=200) == 0

@@ -30,9 +30,7 @@ requests at 0.86x of plain decoding).
 Exploration has a budget: every step earns `explore_share` of its time as credit, and a look at
 a width next to the best one (a plain step among them while drafting, so its cost is not left
 stale) is taken only when the credit covers what the look is expected to lose against the best
-width, and at most once in `min_gap` steps. A look at a drafting width from plain decoding first
-writes the drafter context of every row decoded since the last drafting step; that upkeep (its
-measured cost per row, times the rows owed) is part of what the look is expected to lose. So a drafter that cannot pay here costs at most
+width, and at most once in `min_gap` steps. So a drafter that cannot pay here costs at most
 ~`explore_share` of decoding time, and a machine whose verify is cheap (AMX) drafts wide while
 one whose verify is dear (emulated bf16, large batches) drafts narrow or not at all.
 
@@ -71,7 +69,6 @@ class DraftWidthPolicy:
         self.looks: defaultdict[int, int] = defaultdict(int)        # bucket -> looks taken (rotates the target)
         self.wide_steps = 0                                   # steps this process took at the widest width
         self.plain_recent: defaultdict[int, deque] = defaultdict(lambda: deque(maxlen=PLAIN_LOW))  # bucket -> s
-        self.upkeep_per_row: float | None = None              # seconds to write one owed drafter-context row
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -109,9 +106,8 @@ class DraftWidthPolicy:
                 return self.cost[(b, 0)] * theirs / self.cost[(other, 0)]
         return None
 
-    def choose(self, batch: int, owed_rows: int = 0) -> int:
-        """The width for this step's greedy sequences; `owed_rows`: drafter-context rows a drafting step
-        would write first (decoded since the last one)."""
+    def choose(self, batch: int) -> int:
+        """The width for this step's greedy sequences."""
         if not self.enabled:
             return self.max_width
         b = self.bucket(batch)
@@ -136,8 +132,6 @@ class DraftWidthPolicy:
         look = near[self.looks[b] % len(near)]
         cost = self._cost(b, look)
         loss = self.cost[(b, 0)] if cost is None else cost - self.expected_tokens(look) / rate[best]
-        if look and not best:
-            loss += (self.upkeep_per_row or 0.0) * owed_rows
         if self.credit[b] < loss:
             return best
         self.credit[b], self.since_look[b] = 0.0, 0
@@ -175,14 +169,8 @@ class DraftWidthPolicy:
         for w in sorted((w for bb, w in self.cost if bb == b), reverse=True):
             self.cost[(b, w)] = cheapest_wider = min(self.cost[(b, w)], cheapest_wider)
 
-    def record(self, batch: int, width: int, seconds: float, drafted: list[int], accepted: list[int],
-               caught_up_rows: int = 0, caught_up_s: float = 0.0) -> None:
-        """One decode step: its time at `width` (less the owed drafter context it wrote: `caught_up_rows`
-        rows in `caught_up_s`), and each sequence's drafted / accepted counts."""
-        if caught_up_rows:
-            row = caught_up_s / caught_up_rows
-            old_row = self.upkeep_per_row
-            self.upkeep_per_row = row if old_row is None else old_row + (0.5 if row < old_row else 0.25) * (row - old_row)
+    def record(self, batch: int, width: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
+        """One decode step: its time at `width`, and each sequence's drafted / accepted counts."""
         key = (self.bucket(batch), width)
         self.wide_steps += width == self.max_width
         old = self.cost.get(key)

@@ -50,7 +50,6 @@ class StepOutputs:
     decode: list[SeqOutput] = field(default_factory=list)
     decode_s: float = 0.0      # wall time of the decode half (what the width policy learns from)
     catch_up_s: float = 0.0    # of which: drafter context of earlier steps that did not draft (see flush_context)
-    catch_up_rows: int = 0     # ... and how many context rows that was
 
 
 def verify(seq: Sequence, block: list[int], logits: torch.Tensor, argmax: list[int], draft_q: torch.Tensor | None,
@@ -79,17 +78,16 @@ class StepRunner(abc.ABC):
     ring = None
     states = None
     catch_up_s = 0.0           # set by a decode that wrote drafter context owed by earlier plain steps
-    catch_up_rows = 0          # ... the rows of it
 
     def run(self, batch: ScheduledBatch) -> StepOutputs:
         """Prefill the scheduled chunks, then propose → verify → accept for the decoding sequences."""
         out = StepOutputs(self.prefill(batch.prefill, batch.prefill_counts) if batch.prefill else [])
         if batch.decode:
-            self.catch_up_s, self.catch_up_rows = 0.0, 0
+            self.catch_up_s = 0.0
             t0 = time.perf_counter()
             out.decode = self.decode(batch.decode, batch.n_drafts)
             out.decode_s = time.perf_counter() - t0
-            out.catch_up_s, out.catch_up_rows = self.catch_up_s, self.catch_up_rows
+            out.catch_up_s = self.catch_up_s
         return out
 
     @abc.abstractmethod
@@ -251,5 +249,4 @@ class ModelRunner(StepRunner):
         # did not draft, and their share of the time is not this step's width's own cost
         own = sum(s.pending_taps[-1].shape[1] for s in todo)
         self.catch_up_s = (time.perf_counter() - t0) * (1 - own / sum(counts))
-        self.catch_up_rows = sum(counts) - own
         return written

@@ -69,8 +69,7 @@ class Scheduler:
         self._admit()
         prefill = [s for s in self.running if s.status is Status.PREFILL]
         counts = [min(self.prefill_chunk, s.prefill_end - s.num_computed) for s in prefill]
-        owed = sum(t.shape[1] for s in decode for t in s.pending_taps)      # drafter context a draft would write first
-        width = self.policy.choose(len(decode), owed) if decode else 0
+        width = self.policy.choose(len(decode)) if decode else 0
         n_drafts = [min(width, self.drafts_for(s)) if s.params.greedy else self.drafts_for(s) for s in decode]
         return ScheduledBatch(prefill, counts, decode, n_drafts, width)
 
@@ -103,7 +102,7 @@ class Scheduler:
             # only blocks whose drafter context is written may be shared
             self.blocks.register(seq.block_table, seq.tokens, seq.num_drafter_ctx if self.drafting else seq.num_computed)
         self.policy.record(len(batch.decode), batch.width, out.decode_s - out.catch_up_s, [o.drafted for o in out.decode],
-                           [o.accepted for o in out.decode], out.catch_up_rows, out.catch_up_s)
+                           [o.accepted for o in out.decode])
         return touched + batch.decode
 
     def _commit(self, seq: Sequence, new: list[int], step=None) -> int:
