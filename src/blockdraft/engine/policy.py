@@ -20,7 +20,7 @@ The widest width is tried `WIDE_TRIES` times per process, one after another (it 
 slot's acceptance; one step is too few to judge the deep slots by, and the first drafting step
 also pays one-time costs).
 
-Leaving plain decoding must also win against the plain step's lowest cost among its last `PLAIN_LOW`
+A drafting width must also win against the plain step's lowest cost among its last `PLAIN_LOW`
 samples, not only against its running estimate: a slow spell raises that estimate (and the rule
 above caps it at a drafting width's cost), after which any drafter whose first slot is ever
 accepted would look like a win and draft for the whole stretch until a look measured plain again

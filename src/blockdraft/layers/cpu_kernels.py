@@ -372,8 +372,8 @@ def markov_bias(embed: torch.Tensor, weight: torch.Tensor, isa: str | None = Non
     bf16 -> [.., V] fp32, each output the fused multiply-adds of its rank terms in order (the same bits on
     every instruction set, row count and thread count), reading W2 once per row as bf16 from a copy in
     blocks of 128 columns cached on the weight (`markov_blocks`; half the bytes of the fp32 weight
-    PyTorch's matmul would read). None where
-    it does not apply: not a bf16 weight on the CPU, autograd recording, no kernel."""
+    PyTorch's matmul would read). None where it does not apply: not a bf16 weight on the CPU, autograd
+    recording, no kernel."""
     if (weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or embed.dtype != torch.float32
             or library() is None or (torch.is_grad_enabled() and (weight.requires_grad or embed.requires_grad))):
         return None
