@@ -383,12 +383,16 @@ def markov_bias(embed: torch.Tensor, weight: torch.Tensor, isa: str | None = Non
     flat = embed.reshape(-1, rank).contiguous()                                 # [rows, rank]
     out = torch.empty(flat.shape[0], vocab)                                     # [rows, V]
     if flat.shape[0]:
+        # a thread per MARKOV_WORK multiply-adds at most: the pruned vocabularies' bias (~1M) is over before a
+        # second thread would start, and a thread the machine has lent elsewhere stalls the whole call
+        threads = max(1, min(torch.get_num_threads(), flat.shape[0] * vocab * rank // MARKOV_WORK))
         library().bd_markov_bias(flat.data_ptr(), flat.shape[0], rank, blocked.data_ptr(), vocab, out.data_ptr(),
-                                 _isa_code(isa), torch.get_num_threads())
+                                 _isa_code(isa), threads)
     return out.view(*embed.shape[:-1], vocab)
 
 
 MARKOV_BLOCK = 128
+MARKOV_WORK = 4 << 20        # multiply-adds per thread of `markov_bias`
 
 
 def markov_blocks(weight: torch.Tensor) -> torch.Tensor:
