@@ -652,8 +652,7 @@ def linear_weights(cfg) -> tuple[int, int]:
     with torch.device("meta"):
         model = TargetModel(cfg)
     head = model.lm_head.weight.numel()
-    body = sum(m.weight.numel() for n, m in model.named_modules()
-               if isinstance(m, torch.nn.Linear) and m is not model.lm_head)
+    body = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not model.lm_head)
     return body, head
 
 

@@ -46,6 +46,8 @@ from pathlib import Path
 
 import torch
 
+from .linear import cached_on
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
@@ -377,7 +379,6 @@ def markov_bias(embed: torch.Tensor, weight: torch.Tensor, isa: str | None = Non
     if (weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or embed.dtype != torch.float32
             or library() is None or (torch.is_grad_enabled() and (weight.requires_grad or embed.requires_grad))):
         return None
-    from .linear import cached_on
     vocab, rank = weight.shape
     blocked = cached_on(weight, "_markov_blocks", None, markov_blocks)         # [V / 128, rank, 128] bf16
     flat = embed.reshape(-1, rank).contiguous()                                 # [rows, rank]
