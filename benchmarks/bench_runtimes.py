@@ -58,7 +58,8 @@ def default_model(args) -> None:
 
     Every repeat runs every mode over the same chat prompts (bench chat set), greedy, one batch of
     prompts at a time through every mode before the next (so the modes compared ran close in time: a
-    shared machine's speed drifts by tens of percent over minutes); tokens/s = generated tokens / wall
+    shared machine's speed drifts by tens of percent over minutes); our speculative modes run our AR
+    mode's copy of the target's weights (`LLM(share_target=...)`: two copies decode a few percent apart); tokens/s = generated tokens / wall
     time (prefill included, and tokens after EOS not counted). Ratios are taken within a repeat; the
     report keeps medians. ORT-GenAI models are built once with
     `python -m onnxruntime_genai.models.builder -i <converted SmolLM2> -o OUT -p fp32|int4 -e cpu`
@@ -81,12 +82,15 @@ def default_model(args) -> None:
     ours, ar_of = {}, {}          # mode -> LLM; mode -> the AR mode of the same numerics
     for quant in args.quantizations.split(","):
         suffix = "" if quant == "none" else f"_{quant}"
-        ours[f"ar{suffix}"] = base if quant == "none" else blockdraft.LLM(drafter="none", max_batch=max(batches),
-                                                                           quantization=quant)
+        ar = ours[f"ar{suffix}"] = base if quant == "none" else blockdraft.LLM(drafter="none",
+                                                                                max_batch=max(batches), quantization=quant)
+        # the speculative modes run the AR mode's target tensors: two copies of the same weights decode a few
+        # percent apart by where in memory each landed, which would pass for a speedup or a loss
         for name in ("dspark", "dflash"):
-            ours[f"{name}{suffix}"] = blockdraft.LLM(drafter=name, max_batch=max(batches), quantization=quant)
+            ours[f"{name}{suffix}"] = blockdraft.LLM(drafter=name, max_batch=max(batches), quantization=quant,
+                                                     share_target=ar)
         ours[f"dspark_fixed{suffix}"] = blockdraft.LLM(drafter="dspark", max_batch=max(batches), quantization=quant,
-                                                       adaptive_speculation=False)
+                                                       adaptive_speculation=False, share_target=ar)
         for mode in [m for m in ours if m.endswith(suffix) or not suffix]:
             ar_of.setdefault(mode, f"ar{suffix}")
     hf = None if args.no_hf else HFBaseline(smollm2_dir(), torch.bfloat16, sorted(eos))

@@ -354,15 +354,19 @@ def policy_ab(args) -> None:
 
     Each round runs AR and each of `--drafters` (default DSpark and DFlash; the policy on, its
     exploration budget as given, default the shipped one; `NAME-plain` holds that engine at width 0)
-    over the same chat prompts as one `generate` call each, the order alternating between rounds.
-    Reports per-round ratios to AR (median, min, max) and the ratio of tokens/s pooled over all
+    over the same chat prompts as one `generate` call each, the order alternating between rounds, every
+    mode over one copy of the target's weights (`LLM(share_target=...)`). Reports per-round ratios to AR (median, min, max) and the ratio of tokens/s pooled over all
     rounds; writes benchmarks/results/policy_ab.json.
     """
     import blockdraft
 
     names = ["none"] + args.drafters.split(",")
-    modes = {name: blockdraft.LLM(drafter=name.removesuffix("-plain"), max_batch=max(8, args.batch),
-                                  quantization=args.quantization) for name in names}
+    plain = blockdraft.LLM(drafter=None, max_batch=max(8, args.batch), quantization=args.quantization)
+    # every mode over plain decoding's target tensors (copies of the same weights decode a few percent apart)
+    modes = {name: plain if name == "none" else blockdraft.LLM(drafter=name.removesuffix("-plain"),
+                                                               max_batch=max(8, args.batch),
+                                                               quantization=args.quantization, share_target=plain)
+             for name in names}
     for name, llm in modes.items():
         if name.endswith("-plain"):
             llm.engine.policy.choose = lambda batch: 0

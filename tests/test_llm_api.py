@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import blockdraft
-from blockdraft.errors import RequestError
+from blockdraft.errors import ConfigError, RequestError
 from conftest import ASSETS
 
 
@@ -109,3 +109,17 @@ def test_context_limit_is_the_models_or_the_users_not_4096(tmp_path):
     assert mine.max_model_len == 1024 and mine.max_model_len_source == "max_model_len"
     with pytest.raises(RequestError, match="context"):
         mine.engine.add_request([5] * 1000, blockdraft.SamplingParams(max_tokens=100))
+
+
+def test_share_target_runs_the_same_weights_with_its_own_drafter(llm):
+    """`share_target`: a second LLM over the first one's target tensors (not a copy), with its own drafter
+    and engine, decoding what a separately loaded LLM decodes; another target's numerics are refused by name."""
+    plain = blockdraft.LLM(target=ASSETS / "target-qwen3", drafter=None, max_batch=4, share_target=llm)
+    assert plain.target is llm.target and plain.drafter is None and llm.drafter is not None
+    assert plain.engine is not llm.engine
+    alone = blockdraft.LLM(target=ASSETS / "target-qwen3", drafter=None, max_batch=4)
+    params = blockdraft.SamplingParams(max_tokens=12, ignore_eos=True)
+    assert plain.generate(["abc"], params)[0].token_ids == alone.generate(["abc"], params)[0].token_ids
+    other = "float32" if llm.target.dtype == torch.bfloat16 else "bfloat16"
+    with pytest.raises(ConfigError, match=f"share_target: dtype torch.{other} asked.*dtype {llm.target.dtype}"):
+        blockdraft.LLM(target=ASSETS / "target-qwen3", drafter=None, dtype=other, share_target=llm)

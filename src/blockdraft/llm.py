@@ -23,7 +23,7 @@ from .drafters import registry as drafter_kinds
 from .engine.engine import EngineConfig, LLMEngine, RequestOutput
 from .engine.spec import ModelSpec
 from .errors import ConfigError, RequestError
-from .loading import load_models
+from .loading import check_shareable, load_models, with_drafter
 from .numerics import describe, resolve_device, resolve_dtype, resolve_quantization
 from .sampling.params import SamplingParams
 from .tokenizer import TextStream, Tokenizer
@@ -95,11 +95,15 @@ class LLM:
                  cache_budget_bytes: int | None = None, max_model_len: int | None = None,
                  prefix_caching: bool = True, adaptive_speculation: bool = True,
                  num_speculative_tokens: int | None = None, tp=None, quantization: str | None = None,
-                 device: str | None = None, remember_width_costs: bool = False):
+                 device: str | None = None, remember_width_costs: bool = False, share_target: LLM | None = None):
         """`tp`: this process's TPGroup when it is one rank of a tensor-parallel group; the models
         are sharded and, on rank 0, `engine` mirrors every command to the other ranks.
         `remember_width_costs`: the width policy's measurements persist in the cache directory, per
-        models, numerics, device, threads and CPU (`width_policy_file`); `generate` and `serve` set it."""
+        models, numerics, device, threads and CPU (`width_policy_file`); `generate` and `serve` set it.
+        `share_target`: an LLM of the same target, numerics and device whose loaded target (the same
+        tensors, not a copy) this one runs, with its own drafter and engine: drafters compared side by side
+        over one copy of the weights (two copies of the same weights can decode several percent apart,
+        by where in memory each landed)."""
         if drafter == "default":
             drafter = DEFAULT_DRAFTER if is_default_target(target) else None
         if max_batch < 1:
@@ -117,11 +121,17 @@ class LLM:
             raise ConfigError(f"quantization={quantization} with tensor parallelism is not supported "
                               "(the weight-only layers are not sharded); use quantization=none")
         started = time.perf_counter()
-        log.info("loading target %s (%s%s, %s)", target_dir, dtype,
-                 "" if quantization == "none" else f", {quantization} weights", device)
-        if drafter_dir is not None:
-            log.info("loading drafter %s", drafter_dir)
-        self.models = load_models(target_dir, drafter_dir, dtype, quantization, device, mode, block_size)
+        if share_target is not None:
+            check_shareable(share_target.models, target_dir, dtype, quantization, device, tensor_parallel)
+            if drafter_dir is not None:
+                log.info("loading drafter %s", drafter_dir)
+            self.models = with_drafter(share_target.models, drafter_dir, mode, block_size)
+        else:
+            log.info("loading target %s (%s%s, %s)", target_dir, dtype,
+                     "" if quantization == "none" else f", {quantization} weights", device)
+            if drafter_dir is not None:
+                log.info("loading drafter %s", drafter_dir)
+            self.models = load_models(target_dir, drafter_dir, dtype, quantization, device, mode, block_size)
         self.target, self.drafter = self.models.target, self.models.drafter
         self.numerics = describe(self.target.dtype, self.models.quantization, self.models.kernel, device)
         self.tokenizer = Tokenizer(target_dir) if (target_dir / "tokenizer.json").is_file() else None

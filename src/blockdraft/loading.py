@@ -60,6 +60,29 @@ def load_models(target_dir: str | Path, drafter_dir: str | Path | None = None, d
                         scheme, kernels_in(target) if scheme != "none" else None)
 
 
+def with_drafter(models: LoadedModels, drafter_dir: str | Path | None, mode: str | None = None,
+                 block_size: int | None = None) -> LoadedModels:
+    """`models`' target (the same tensors, not a copy) with the drafter in `drafter_dir` (None: none) bound to it."""
+    drafter = None if drafter_dir is None else load_drafter(drafter_dir, models.target, mode, block_size,
+                                                             target_dir=models.target_dir)
+    return dataclasses.replace(models, drafter=drafter, drafter_dir=None if drafter_dir is None else Path(drafter_dir))
+
+
+def check_shareable(models: LoadedModels, target_dir: Path, dtype: str, quantization: str,
+                    device: str | torch.device, tensor_parallel: bool) -> None:
+    """Refuse, naming the field, to run `models`' loaded target for a request of another target or numerics."""
+    if tensor_parallel:
+        raise ConfigError("share_target with tensor parallelism: sharding changes the shared target's layers")
+    asked = {"target": Path(target_dir).resolve(), "dtype": torch_dtype(dtype), "quantization": quantization,
+             "device": torch.device(device)}
+    loaded = {"target": Path(models.target_dir).resolve(), "dtype": models.target.dtype,
+              "quantization": models.quantization, "device": models.target.device}
+    for field, value in asked.items():
+        if value != loaded[field]:
+            raise ConfigError(f"share_target: {field} {value} asked, but the shared target was loaded with "
+                              f"{field} {loaded[field]}")
+
+
 def load_target(model_dir: str | Path, dtype: str | torch.dtype = "float32",
                 quantization: str | None = None, device: str | torch.device = "cpu") -> TargetModel:
     """A HF causal-LM directory (config.json + safetensors, sharded or not; `supported-models.md` lists the
