@@ -8,6 +8,7 @@ parallelism.
     python benchmarks/bench_spec.py engine [--repeats 3] [--tokens 48] [--no-adaptive] [--out engine]
     python benchmarks/bench_spec.py policy-ab [--rounds 16] [--batch 6] [--quantization none|int4]
         [--explore-share S] [--min-gap N] [--drafters dspark,dspark-plain,dflash]
+    python benchmarks/bench_spec.py widths [--widths 1,2,3,4,8] [--prompts 6] [--tokens 64] [--repeats 3]
     python benchmarks/bench_spec.py width-memory [--prompts 4] [--tokens 96] [--repeats 2] [--drafter dspark]
     python benchmarks/bench_spec.py tp [--prompts 4] [--tokens 64] [--repeats 3] [--dtype bfloat16] [--tp 3]
 
@@ -16,6 +17,8 @@ Sub-commands (`bench_spec.py COMMAND --help` for each):
                 acceptance, width policy and full block (NAME.json, docs/data/NAME.png; NAME = spec)
   engine        batch-engine throughput, plain vs each drafter at batch 1-16, tiny fixtures (engine.json, .png)
   policy-ab     the width policy against plain decoding, many short rounds, default model (policy_ab.json)
+  widths        the default model's step at each held drafting width: verify, drafter pass, context
+                writes, and what it buys against plain decoding (widths.json)
   width-memory  one request per new engine: a fresh width policy vs a remembered one vs plain
                 (width_memory.json, docs/data/width_memory.png)
   tp            TP=1 vs TP=N on the default model, plain and DSpark, gloo on this CPU (tp.json)
@@ -29,6 +32,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -399,6 +403,101 @@ def policy_ab(args) -> None:
                       for m, v in report["vs_ar"].items()}, indent=1))
 
 
+# --- widths --------------------------------------------------------------------------------------
+
+def widths_flags(ap) -> None:
+    add_prompts(ap, 6, 64)
+    add_repeats(ap, 3)
+    ap.add_argument("--widths", default="1,2,3,4,8", help="drafting widths, each held by its own engine")
+    ap.add_argument("--drafter", default="dspark")
+    ap.add_argument("--quantization", default="int4")
+    add_threads(ap, 1)
+
+
+def timed(parts: dict[str, list[float]], name: str, method):
+    """`method`, adding each call's seconds to parts[name]."""
+    def run(*a, **k):
+        t0 = time.perf_counter()
+        out = method(*a, **k)
+        parts.setdefault(name, []).append(time.perf_counter() - t0)
+        return out
+    return run
+
+
+def widths(args) -> None:
+    """What a decoding step costs on the default model at each drafting width, and what it buys.
+
+    One engine per width (`num_speculative_tokens`, the width policy off) and one plain engine, all over
+    one loaded target, the shipped `--drafter` in the target's numerics; every engine decodes the first
+    `--prompts` chat prompts (one at a time, `--tokens` each, EOS ignored), in an order alternating by
+    round. Each step's time is split as the engine's runner spends it: the drafter's context writes
+    (`flush_context`), its block pass and token choice (`_propose`), and the rest — the target's verify
+    pass over 1 + width rows, acceptance and bookkeeping. Reported per width (median round): ms per
+    token, per step and per part, each part against a plain step, mean acceptance length, speed against
+    plain decoding, and the first-slot acceptance at which drafting one token would break even
+    (step cost over a plain step's, minus one). Writes benchmarks/results/widths.json.
+    """
+    from blockdraft.default_model import smollm2_dir
+    from blockdraft.engine.engine import EngineConfig, LLMEngine, default_cache_budget
+    from blockdraft.llm import resolve_drafter_dir
+    from blockdraft.loading import load_drafter, load_target
+    from blockdraft.numerics import cpu_model
+    from blockdraft.sampling.params import SamplingParams
+    from blockdraft.tokenizer import Tokenizer
+
+    held = [int(w) for w in args.widths.split(",")]
+    target = load_target(smollm2_dir(), "bfloat16", args.quantization)
+    drafter = load_drafter(resolve_drafter_dir(None, args.drafter), target)
+    prompts, _ = chat_prompts(Tokenizer(smollm2_dir()), args.prompts)
+    max_len = -(-(max(len(p) for p in prompts) + args.tokens + 2 * drafter.config.block_size) // 64) * 64   # whole pages
+    params = SamplingParams(max_tokens=args.tokens, ignore_eos=True)
+    parts: dict[str, dict[str, list[float]]] = {}
+    engines = {}
+    for name, width in (("plain", None), *((f"width {w}", w) for w in held)):
+        d = None if width is None else drafter
+        eng = engines[name] = LLMEngine(target, d, EngineConfig(
+            max_batch=1, max_model_len=max_len, adaptive_speculation=False, num_speculative_tokens=width,
+            cache_budget_bytes=default_cache_budget(target, d, max_len, 1)))
+        runner, parts[name] = eng.runner, {}
+        for method in ("decode", "_propose", "flush_context"):
+            setattr(runner, method, timed(parts[name], method, getattr(runner, method)))
+        eng.generate(prompts[:1], params)                                   # warm: kernel plans
+    rounds: dict[str, list[dict]] = {name: [] for name in engines}
+    for r in range(args.repeats):
+        for name in round_order(engines, r):
+            parts[name].clear()
+            outs = engines[name].generate(prompts, params)
+            steps = len(parts[name]["decode"])
+            als = [a for o in outs for a in o.acceptance_lengths] or [1]
+            per_step = {k: 1e3 * sum(v) / steps for k, v in parts[name].items()}
+            rounds[name].append({"ms_per_token": 1e3 * sum(parts[name]["decode"]) / sum(len(o.token_ids) - 1
+                                                                                        for o in outs),
+                                 "step_ms": per_step["decode"], "mean_al": statistics.fmean(als),
+                                 "drafter_pass_ms": per_step.get("_propose", 0.0),
+                                 "context_ms": per_step.get("flush_context", 0.0),
+                                 "tokens": [o.token_ids for o in outs]})
+        print(r, {m: round(v[-1]["ms_per_token"], 3) for m, v in rounds.items()}, file=sys.stderr, flush=True)
+    plain = statistics.median(x["step_ms"] for x in rounds["plain"])
+    plain_token = statistics.median(x["ms_per_token"] for x in rounds["plain"])
+    report = {"cpu": cpu_model(), "threads": args.threads, "quantization": args.quantization, "drafter": args.drafter,
+              "prompts": len(prompts), "tokens": args.tokens, "repeats": args.repeats, "plain_step_ms": plain,
+              "widths": {}}
+    for name, xs in rounds.items():
+        x = sorted(xs, key=lambda run: run["ms_per_token"])[len(xs) // 2]              # the median round
+        verify = x["step_ms"] - x["drafter_pass_ms"] - x["context_ms"]
+        report["widths"][name] = {
+            "ms_per_token": x["ms_per_token"], "vs_plain": plain_token / x["ms_per_token"],
+            "mean_al": x["mean_al"], "step_ms": x["step_ms"], "verify_and_rest_ms": verify,
+            "drafter_pass_ms": x["drafter_pass_ms"], "context_ms": x["context_ms"],
+            "step_vs_plain_step": x["step_ms"] / plain, "verify_vs_plain_step": verify / plain,
+            "drafter_pass_vs_plain_step": x["drafter_pass_ms"] / plain, "context_vs_plain_step": x["context_ms"] / plain,
+            "break_even_first_slot": x["step_ms"] / plain - 1.0,
+            "equals_plain": all(a["tokens"] == b["tokens"] for a, b in zip(xs, rounds["plain"]))}
+    write_results("widths", report)
+    print(json.dumps({n: {k: round(v, 3) if isinstance(v, float) else v for k, v in w.items()}
+                      for n, w in report["widths"].items()}, indent=1))
+
+
 # --- width-memory --------------------------------------------------------------------------------
 
 def width_memory_flags(ap) -> None:
@@ -537,7 +636,8 @@ def tp(args) -> None:
 
 
 COMMANDS = {"controlled": (controlled_flags, controlled), "engine": (engine_flags, engine),
-            "policy-ab": (policy_ab_flags, policy_ab), "width-memory": (width_memory_flags, width_memory),
+            "policy-ab": (policy_ab_flags, policy_ab), "widths": (widths_flags, widths),
+            "width-memory": (width_memory_flags, width_memory),
             "tp": (tp_flags, tp)}
 
 if __name__ == "__main__":
