@@ -123,15 +123,13 @@ class LLM:
         started = time.perf_counter()
         if share_target is not None:
             check_shareable(share_target.models, target_dir, dtype, quantization, device, tensor_parallel)
-            if drafter_dir is not None:
-                log.info("loading drafter %s", drafter_dir)
-            self.models = with_drafter(share_target.models, drafter_dir, mode, block_size)
         else:
             log.info("loading target %s (%s%s, %s)", target_dir, dtype,
                      "" if quantization == "none" else f", {quantization} weights", device)
-            if drafter_dir is not None:
-                log.info("loading drafter %s", drafter_dir)
-            self.models = load_models(target_dir, drafter_dir, dtype, quantization, device, mode, block_size)
+        if drafter_dir is not None:
+            log.info("loading drafter %s", drafter_dir)
+        self.models = (with_drafter(share_target.models, drafter_dir, mode, block_size) if share_target is not None
+                       else load_models(target_dir, drafter_dir, dtype, quantization, device, mode, block_size))
         self.target, self.drafter = self.models.target, self.models.drafter
         self.numerics = describe(self.target.dtype, self.models.quantization, self.models.kernel, device)
         self.tokenizer = Tokenizer(target_dir) if (target_dir / "tokenizer.json").is_file() else None

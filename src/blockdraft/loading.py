@@ -73,10 +73,14 @@ def check_shareable(models: LoadedModels, target_dir: Path, dtype: str, quantiza
     """Refuse, naming the field, to run `models`' loaded target for a request of another target or numerics."""
     if tensor_parallel:
         raise ConfigError("share_target with tensor parallelism: sharding changes the shared target's layers")
+    def place(d) -> str:                                   # "cuda" is "cuda:0", as the loaded tensors say
+        d = torch.device(d)
+        return d.type if d.type == "cpu" else f"{d.type}:{d.index or 0}"
+
     asked = {"target": Path(target_dir).resolve(), "dtype": torch_dtype(dtype), "quantization": quantization,
-             "device": torch.device(device)}
+             "device": place(device)}
     loaded = {"target": Path(models.target_dir).resolve(), "dtype": models.target.dtype,
-              "quantization": models.quantization, "device": models.target.device}
+              "quantization": models.quantization, "device": place(models.target.device)}
     for field, value in asked.items():
         if value != loaded[field]:
             raise ConfigError(f"share_target: {field} {value} asked, but the shared target was loaded with "
