@@ -59,8 +59,8 @@ def default_model(args) -> None:
     Every repeat runs every mode over the same chat prompts (bench chat set), greedy, one batch of
     prompts at a time through every mode before the next (so the modes compared ran close in time: a
     shared machine's speed drifts by tens of percent over minutes); our speculative modes run our AR
-    mode's copy of the target's weights (`LLM(share_target=...)`: two copies decode a few percent apart); tokens/s = generated tokens / wall
-    time (prefill included, and tokens after EOS not counted). Ratios are taken within a repeat; the
+    mode's copy of the target's weights (`LLM(share_target=...)`: two copies decode a few percent
+    apart); tokens/s = generated tokens / wall time (prefill included, and tokens after EOS not counted). Ratios are taken within a repeat; the
     report keeps medians. ORT-GenAI models are built once with
     `python -m onnxruntime_genai.models.builder -i <converted SmolLM2> -o OUT -p fp32|int4 -e cpu`
     and run in this process through og.Generator (the onnx extra; skipped when it is missing) with

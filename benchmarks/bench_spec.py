@@ -359,8 +359,9 @@ def policy_ab(args) -> None:
     Each round runs AR and each of `--drafters` (default DSpark and DFlash; the policy on, its
     exploration budget as given, default the shipped one; `NAME-plain` holds that engine at width 0)
     over the same chat prompts as one `generate` call each, the order alternating between rounds, every
-    mode over one copy of the target's weights (`LLM(share_target=...)`). Reports per-round ratios to AR (median, min, max) and the ratio of tokens/s pooled over all
-    rounds; writes benchmarks/results/policy_ab.json.
+    mode over one copy of the target's weights (`LLM(share_target=...)`). Reports per-round ratios to AR
+    (median, min, max) and the ratio of tokens/s pooled over all rounds; writes
+    benchmarks/results/policy_ab.json.
     """
     import blockdraft
 
@@ -438,7 +439,7 @@ def widths(args) -> None:
     (step cost over a plain step's, minus one). Writes benchmarks/results/widths.json.
     """
     from blockdraft.default_model import smollm2_dir
-    from blockdraft.engine.engine import EngineConfig, LLMEngine, default_cache_budget
+    from blockdraft.engine.engine import sized_engine
     from blockdraft.llm import resolve_drafter_dir
     from blockdraft.loading import load_drafter, load_target
     from blockdraft.numerics import cpu_model
@@ -449,15 +450,13 @@ def widths(args) -> None:
     target = load_target(smollm2_dir(), "bfloat16", args.quantization)
     drafter = load_drafter(resolve_drafter_dir(None, args.drafter), target)
     prompts, _ = chat_prompts(Tokenizer(smollm2_dir()), args.prompts)
-    max_len = -(-(max(len(p) for p in prompts) + args.tokens + 2 * drafter.config.block_size) // 64) * 64   # whole pages
+    max_len = max(len(p) for p in prompts) + args.tokens + 2 * drafter.config.block_size
     params = SamplingParams(max_tokens=args.tokens, ignore_eos=True)
     parts: dict[str, dict[str, list[float]]] = {}
     engines = {}
     for name, width in (("plain", None), *((f"width {w}", w) for w in held)):
-        d = None if width is None else drafter
-        eng = engines[name] = LLMEngine(target, d, EngineConfig(
-            max_batch=1, max_model_len=max_len, adaptive_speculation=False, num_speculative_tokens=width,
-            cache_budget_bytes=default_cache_budget(target, d, max_len, 1)))
+        eng = engines[name] = sized_engine(target, None if width is None else drafter, 1, max_len, frozenset(),
+                                           adaptive_speculation=False, num_speculative_tokens=width)
         runner, parts[name] = eng.runner, {}
         for method in ("decode", "_propose", "flush_context"):
             setattr(runner, method, timed(parts[name], method, getattr(runner, method)))

@@ -52,12 +52,10 @@ def load_models(target_dir: str | Path, drafter_dir: str | Path | None = None, d
     (`load_drafter`), as one record."""
     target_dir = Path(target_dir)
     target, skipped = _load_target(target_dir, dtype, quantization, device)
-    drafter = None
-    if drafter_dir is not None:
-        drafter = load_drafter(drafter_dir, target, mode, block_size, target_dir=target_dir)
     scheme = scheme_of(target)
-    return LoadedModels(target, drafter, target_dir, None if drafter_dir is None else Path(drafter_dir), skipped,
-                        scheme, kernels_in(target) if scheme != "none" else None)
+    alone = LoadedModels(target, None, target_dir, None, skipped, scheme,
+                         kernels_in(target) if scheme != "none" else None)
+    return with_drafter(alone, drafter_dir, mode, block_size)
 
 
 def with_drafter(models: LoadedModels, drafter_dir: str | Path | None, mode: str | None = None,

@@ -290,10 +290,12 @@ def default_cache_budget(target: TargetModel, drafter: BlockDrafter | None, max_
 
 
 def sized_engine(target: TargetModel, drafter: BlockDrafter | None, max_batch: int, max_len: int,
-                 eos_ids: frozenset[int], adaptive_speculation: bool = True) -> LLMEngine:
+                 eos_ids: frozenset[int], adaptive_speculation: bool = True,
+                 num_speculative_tokens: int | None = None) -> LLMEngine:
     """An engine whose cache holds `max_batch` sequences of `max_len` tokens (rounded up to whole
     pages): what bench, held-out evaluation and teacher-data generation run."""
     max_len = -(-max_len // PAGE_SIZE) * PAGE_SIZE
     return LLMEngine(target, drafter, EngineConfig(
         max_batch=max_batch, max_model_len=max_len, adaptive_speculation=adaptive_speculation,
+        num_speculative_tokens=num_speculative_tokens,
         cache_budget_bytes=default_cache_budget(target, drafter, max_len, max_batch)), eos_ids)
