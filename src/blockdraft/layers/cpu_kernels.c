@@ -380,9 +380,16 @@ static inline void vnni_sums(const __m512i wv[8], const int32_t *xh, const int32
     *lo = _mm512_add_epi32(il, jl);
 }
 
-/* One row's float epilogue for one group, the same on every AVX512 and AMX path: q8's +128 offset taken off the
- * hi and lo sums, isum = 256 hi + lo, acc = fma(isum, d dx, acc), then q4's acc = fma(m, dx sum(qx), acc).
- * `at` = row * G + group. */
+/* One row's float epilogue for one group, the same on every AVX512 and AMX path, from its exact integer sum
+ * isum = sum_k q*qx: acc = fma(isum, d dx, acc), then q4's acc = fma(m, dx sum(qx), acc). `at` = row * G + group. */
+__attribute__((target("avx512f,avx512bw,fma"), always_inline))
+static inline __m512 sum_epilogue(__m512i isum, __m512 dv, __m512 mv, int bits, const Acts *a, size_t at, __m512 acc) {
+    __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(a->dx[at]));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ddx, acc);
+    return bits == 4 ? _mm512_fmadd_ps(mv, _mm512_set1_ps(a->sx[at]), acc) : acc;
+}
+
+/* sum_epilogue from the hi and lo sums: q8's +128 offset taken off each, isum = 256 hi + lo. */
 __attribute__((target("avx512f,avx512bw,fma"), always_inline))
 static inline __m512 group_epilogue(__m512i ih, __m512i il, __m512 dv, __m512 mv, int bits, const Acts *a, size_t at,
                                     __m512 acc) {
@@ -390,20 +397,23 @@ static inline __m512 group_epilogue(__m512i ih, __m512i il, __m512 dv, __m512 mv
         ih = _mm512_sub_epi32(ih, _mm512_set1_epi32(128 * a->sumhi[at]));
         il = _mm512_sub_epi32(il, _mm512_set1_epi32(128 * a->sumlo[at]));
     }
-    __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(ih, 8), il);
-    __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(a->dx[at]));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), ddx, acc);
-    return bits == 4 ? _mm512_fmadd_ps(mv, _mm512_set1_ps(a->sx[at]), acc) : acc;
+    return sum_epilogue(_mm512_add_epi32(_mm512_slli_epi32(ih, 8), il), dv, mv, bits, a, at, acc);
 }
 
-/* R <= 5 rows (a constant where it is inlined) over all groups of one block, their 16 sums each in registers;
- * A8: the activations are 8-bit (a constant too) */
+#define VNNI_ROWS 9       /* rows one pass over a block's weights keeps in registers on the VNNI path */
+#define VNNI_CHAINS 4     /* up to this many rows, each row's sums run in 4 chains; above it, one chain a row */
+
+/* R <= VNNI_ROWS rows (a constant where it is inlined) over all groups of one block of `bits`-bit weights, their
+ * 16 sums each in registers; A8: the activations are 8-bit (bits and A8 are constants too). Up to VNNI_CHAINS
+ * rows, each row's hi and lo sums run in two chains each (vnni_sums) so that one row does not wait on its own
+ * products; above it, the rows' chains interleave, one a row: the hi products, a shift by 8, then the lo
+ * products added on (the same exact sum 256 hi + lo in fewer instructions). */
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma"), always_inline))
-static inline void tile_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0,
+static inline void tile_avx512(const uint8_t *w, const uint16_t *sc, const int bits, int G, const Acts *a, int r0,
                                float *acc, const int R, const int A8) {
     const __m512i low = _mm512_set1_epi8(15);
     size_t wstride = bits == 4 ? 256 : 512, sstride = bits == 4 ? 32 : 16;
-    __m512 o[5];
+    __m512 o[VNNI_ROWS];
     for (int r = 0; r < R; r++) o[r] = _mm512_setzero_ps();
     for (int g = 0; g < G; g++) {
         const uint8_t *wg = w + g * wstride;
@@ -421,40 +431,67 @@ static inline void tile_avx512(const uint8_t *w, const uint16_t *sc, int bits, i
         const uint16_t *s = sc + g * sstride;
         __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
         __m512 mv = bits == 4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + COLS))) : dv;
+        const int32_t *xh[VNNI_ROWS], *xl[VNNI_ROWS];       /* row r's activation bytes in this group, 4 a dword */
+#pragma GCC unroll 16
         for (int r = 0; r < R; r++) {
-            size_t row = (size_t)(r0 + r);
-            __m512i ih, il;
-            vnni_sums(wv, (const int32_t *)(a->hi + row * 2 * a->half + g * GROUP),
-                      (const int32_t *)(a->lo + row * 2 * a->half + g * GROUP), &ih, &il, A8);
-            o[r] = group_epilogue(ih, il, dv, mv, bits, a, row * G + g, o[r]);
+            xh[r] = (const int32_t *)(a->hi + (size_t)(r0 + r) * 2 * a->half + g * GROUP);
+            xl[r] = (const int32_t *)(a->lo + (size_t)(r0 + r) * 2 * a->half + g * GROUP);
+        }
+        if (R <= VNNI_CHAINS) {
+#pragma GCC unroll 16
+            for (int r = 0; r < R; r++) {
+                __m512i ih, il;
+                vnni_sums(wv, xh[r], xl[r], &ih, &il, A8);
+                o[r] = group_epilogue(ih, il, dv, mv, bits, a, (size_t)(r0 + r) * G + g, o[r]);
+            }
+            continue;
+        }
+        __m512i isum[VNNI_ROWS];
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) isum[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
+#pragma GCC unroll 16
+            for (int r = 0; r < R; r++) isum[r] = _mm512_dpbusd_epi32(isum[r], wv[j], _mm512_set1_epi32(xh[r][j]));
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) isum[r] = _mm512_slli_epi32(isum[r], 8);
+        if (!A8)
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++)
+#pragma GCC unroll 16
+                for (int r = 0; r < R; r++) isum[r] = _mm512_dpbusd_epi32(isum[r], wv[j], _mm512_set1_epi32(xl[r][j]));
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) {
+            size_t at = (size_t)(r0 + r) * G + g;
+            if (bits == 8)    /* the weights were stored + 128: take off 128 (256 sum(hi) + sum(lo)) */
+                isum[r] = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(128 * (256 * a->sumhi[at] + a->sumlo[at])));
+            o[r] = sum_epilogue(isum[r], dv, mv, bits, a, at, o[r]);
         }
     }
     for (int r = 0; r < R; r++) _mm512_storeu_ps(acc + r * COLS, o[r]);
 }
 
-/* n rows of one block in tiles of 4 (5 + 4 + ... where n = 4k + 1 >= 5: no tile unpacks the weights for one
- * row), then the 1-3 left; A8 is a constant where it is inlined */
+#define TILE_AVX512_CASE(R) case R: tile_avx512(w, sc, bits, G, a, r0 + r, acc + r * COLS, R, A8); break;
+
+/* n rows of one block in passes of up to VNNI_ROWS; bits and A8 are constants where it is inlined */
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma"), always_inline))
-static inline void tiles_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0,
+static inline void tiles_avx512(const uint8_t *w, const uint16_t *sc, const int bits, int G, const Acts *a, int r0,
                                 int n, float *acc, const int A8) {
-    int r = 0;
-    if (n % 4 == 1 && n >= 5) {
-        tile_avx512(w, sc, bits, G, K, a, r0, acc, 5, A8);
-        r = 5;
-    }
-    for (; r + 4 <= n; r += 4) tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 4, A8);
-    switch (n - r) {
-        case 3: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 3, A8); break;
-        case 2: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 2, A8); break;
-        case 1: tile_avx512(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 1, A8); break;
+    for (int r = 0; r < n; r += VNNI_ROWS) {
+        switch (n - r < VNNI_ROWS ? n - r : VNNI_ROWS) {
+            TILE_AVX512_CASE(1) TILE_AVX512_CASE(2) TILE_AVX512_CASE(3) TILE_AVX512_CASE(4) TILE_AVX512_CASE(5)
+            TILE_AVX512_CASE(6) TILE_AVX512_CASE(7) TILE_AVX512_CASE(8) TILE_AVX512_CASE(9)
+        }
     }
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
 static void block_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0, int n,
                          float *acc) {
-    if (a->act8) tiles_avx512(w, sc, bits, G, K, a, r0, n, acc, 1);
-    else tiles_avx512(w, sc, bits, G, K, a, r0, n, acc, 0);
+    if (bits == 4 && a->act8) tiles_avx512(w, sc, 4, G, a, r0, n, acc, 1);
+    else if (bits == 4) tiles_avx512(w, sc, 4, G, a, r0, n, acc, 0);
+    else if (a->act8) tiles_avx512(w, sc, 8, G, a, r0, n, acc, 1);
+    else tiles_avx512(w, sc, 8, G, a, r0, n, acc, 0);
 }
 
 #ifdef BD_AMX
