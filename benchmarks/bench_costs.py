@@ -314,11 +314,14 @@ def kernel_ab_flags(ap) -> None:
     add_repeats(ap, 16)
     add_threads(ap, 1)
     ap.add_argument("--context", type=int, default=300)
+    ap.add_argument("--model", default="smollm2", help="smollm2 (the default model), or a family-shaped random "
+                    "target: qwen3.5, lfm2")
+    ap.add_argument("--quantization", default="int4", choices=("int4", "int4-a8", "int8"))
 
 
 def kernel_ab(args) -> None:
-    """Two builds of the CPU kernels side by side in one process: the int4 SmolLM2 target's step time per
-    row count with `layers/cpu_kernels.c` as it is and as it was at another commit, paired by round.
+    """Two builds of the CPU kernels side by side in one process: a quantized target's step time per row
+    count with `layers/cpu_kernels.c` as it is and as it was at another commit, paired by round.
 
     Both builds run the same Python, weights and cache; each round times every row count with each build
     (in alternating order), a mean over several steps each, and the ratio is taken within the round (this
@@ -344,7 +347,13 @@ def kernel_ab(args) -> None:
     chosen = [libs["head"]]
     cpu_kernels.library = lambda: chosen[0]
 
-    target = load_target(smollm2_dir(), "bfloat16", "int4")
+    if args.model == "smollm2":
+        target = load_target(smollm2_dir(), "bfloat16", args.quantization)
+    elif args.model in ("qwen3.5", "lfm2"):
+        from blockdraft.layers.quant import quantize_target
+        target = quantize_target(shaped(shaped_configs()[args.model]), args.quantization)
+    else:
+        sys.exit(f"--model {args.model}: smollm2, qwen3.5 or lfm2")
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.config.vocab_size, (1, args.context), generator=g)
     with torch.inference_mode():
@@ -368,8 +377,8 @@ def kernel_ab(args) -> None:
 
         by_round = side_by_side({name: lambda name=name: build_ms(name) for name in libs}, args.repeats)
     ms = {name: {r: [x[r] for x in per] for r in rows_list} for name, per in by_round.items()}
-    report = {"base": args.base, "threads": args.threads, "context": args.context, "rounds": args.repeats,
-              "ms": ms, "rows": {}}
+    report = {"base": args.base, "model": args.model, "quantization": args.quantization, "threads": args.threads,
+              "context": args.context, "rounds": args.repeats, "ms": ms, "rows": {}}
     for rows in rows_list:
         ratios = [h / b for h, b in zip(ms["head"][rows], ms["base"][rows])]
         report["rows"][rows] = {"base_ms": statistics.median(ms["base"][rows]),

@@ -4,7 +4,7 @@ the inference attention, and the quantized target's whole layer stack.
 The matmul multiplies the GGUF block formats — 4-bit Q4_1 (fp16 scale and minimum per 32 weights) and
 8-bit Q8_0 — against activations carried per row at 16 bits in groups of 32 (two signed bytes), with
 exact integer group sums (AMX tiles, AVX512-VNNI, AVX2, or portable C: the same bits), prefetching the
-weights and keeping a tile of rows' sums in registers over a block's groups (4 rows with VNNI, 3 with
+weights and keeping a tile of rows' sums in registers over a block's groups (up to 9 rows with VNNI, 3 with
 AVX2, up to 16 with AMX). On CPUs with AMX (`best_isa() == "amx"`) passes of 3 rows or more run on the
 tiles — int8 products (a 9-row pass: 8 rows on the tile, the 9th on VNNI), or for 4-bit weights and 10-16
 rows bf16 products whose fp32 sums are exact — so a verify reads each weight once at a cost per row under
