@@ -271,10 +271,11 @@ static void block_portable(const uint8_t *w, const uint16_t *sc, int bits, int G
 }
 
 /* R rows (a constant where it is inlined) over all groups of one block, their 16 sums each (two halves of
- * 8 columns) in registers */
+ * 8 columns) in registers; bits and A8 (8-bit activations: the lo products, all 0, are skipped) are constants
+ * too */
 __attribute__((target("avx2,fma,f16c"), always_inline))
-static inline void tile_avx2(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0,
-                             float *acc, const int R) {
+static inline void tile_avx2(const uint8_t *w, const uint16_t *sc, const int bits, int G, const Acts *a, int r0,
+                             float *acc, const int R, const int A8) {
     const __m256i low = _mm256_set1_epi8(15), flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1),
                   h256 = _mm256_set1_epi16(256);
     size_t wstride = bits == 4 ? 256 : 512, sstride = bits == 4 ? 32 : 16;
@@ -299,15 +300,17 @@ static inline void tile_avx2(const uint8_t *w, const uint16_t *sc, int bits, int
                     for (int r = 0; r < R; r++) {
                         __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_set1_epi32(xh[r][2 * t])),
                                                       _mm256_maddubs_epi16(w1, _mm256_set1_epi32(xh[r][2 * t + 1])));
+                        ah[r][h] = _mm256_add_epi16(ah[r][h], ph);
+                        if (A8) continue;
                         __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_set1_epi32(xl[r][2 * t])),
                                                       _mm256_maddubs_epi16(w1, _mm256_set1_epi32(xl[r][2 * t + 1])));
-                        ah[r][h] = _mm256_add_epi16(ah[r][h], ph);
                         al[r][h] = _mm256_add_epi16(al[r][h], pl);
                     }
                 }
             for (int r = 0; r < R; r++)
                 for (int h = 0; h < 2; h++)
-                    isum[r][h] = _mm256_add_epi32(_mm256_madd_epi16(ah[r][h], h256), _mm256_madd_epi16(al[r][h], ones));
+                    isum[r][h] = A8 ? _mm256_madd_epi16(ah[r][h], h256)
+                                    : _mm256_add_epi32(_mm256_madd_epi16(ah[r][h], h256), _mm256_madd_epi16(al[r][h], ones));
         } else {                /* |pair| <= 2*127*128: widen every product */
             __m256i ih[3][2], il[3][2];
             for (int r = 0; r < R; r++) ih[r][0] = ih[r][1] = il[r][0] = il[r][1] = _mm256_setzero_si256();
@@ -315,15 +318,18 @@ static inline void tile_avx2(const uint8_t *w, const uint16_t *sc, int bits, int
                 for (int h = 0; h < 2; h++) {    /* q + 128 -> q as signed bytes */
                     __m256i wj = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wg + 64 * j + 32 * h)), flip);
                     for (int r = 0; r < R; r++) {
-                        __m256i bh = _mm256_set1_epi32(xh[r][j]), bl = _mm256_set1_epi32(xl[r][j]);
+                        __m256i bh = _mm256_set1_epi32(xh[r][j]);
                         __m256i ph = _mm256_maddubs_epi16(_mm256_abs_epi8(bh), _mm256_sign_epi8(wj, bh));
-                        __m256i pl = _mm256_maddubs_epi16(_mm256_abs_epi8(bl), _mm256_sign_epi8(wj, bl));
                         ih[r][h] = _mm256_add_epi32(ih[r][h], _mm256_madd_epi16(ph, ones));
+                        if (A8) continue;
+                        __m256i bl = _mm256_set1_epi32(xl[r][j]);
+                        __m256i pl = _mm256_maddubs_epi16(_mm256_abs_epi8(bl), _mm256_sign_epi8(wj, bl));
                         il[r][h] = _mm256_add_epi32(il[r][h], _mm256_madd_epi16(pl, ones));
                     }
                 }
             for (int r = 0; r < R; r++)
-                for (int h = 0; h < 2; h++) isum[r][h] = _mm256_add_epi32(_mm256_slli_epi32(ih[r][h], 8), il[r][h]);
+                for (int h = 0; h < 2; h++)
+                    isum[r][h] = A8 ? _mm256_slli_epi32(ih[r][h], 8) : _mm256_add_epi32(_mm256_slli_epi32(ih[r][h], 8), il[r][h]);
         }
         const uint16_t *s = sc + g * sstride;
         for (int h = 0; h < 2; h++) {
@@ -341,15 +347,25 @@ static inline void tile_avx2(const uint8_t *w, const uint16_t *sc, int bits, int
         for (int h = 0; h < 2; h++) _mm256_storeu_ps(acc + r * COLS + 8 * h, o[r][h]);
 }
 
-__attribute__((target("avx2,fma,f16c")))
-static void block_avx2(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0, int n,
-                       float *acc) {
+/* n rows of one block in tiles of 3; bits and A8 are constants where it is inlined */
+__attribute__((target("avx2,fma,f16c"), always_inline))
+static inline void tiles_avx2(const uint8_t *w, const uint16_t *sc, const int bits, int G, const Acts *a, int r0,
+                              int n, float *acc, const int A8) {
     int r = 0;
-    for (; r + 3 <= n; r += 3) tile_avx2(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 3);
+    for (; r + 3 <= n; r += 3) tile_avx2(w, sc, bits, G, a, r0 + r, acc + r * COLS, 3, A8);
     switch (n - r) {
-        case 2: tile_avx2(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 2); break;
-        case 1: tile_avx2(w, sc, bits, G, K, a, r0 + r, acc + r * COLS, 1); break;
+        case 2: tile_avx2(w, sc, bits, G, a, r0 + r, acc + r * COLS, 2, A8); break;
+        case 1: tile_avx2(w, sc, bits, G, a, r0 + r, acc + r * COLS, 1, A8); break;
     }
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static void block_avx2(const uint8_t *w, const uint16_t *sc, int bits, int G, const Acts *a, int r0, int n,
+                       float *acc) {
+    if (bits == 4 && a->act8) tiles_avx2(w, sc, 4, G, a, r0, n, acc, 1);
+    else if (bits == 4) tiles_avx2(w, sc, 4, G, a, r0, n, acc, 0);
+    else if (a->act8) tiles_avx2(w, sc, 8, G, a, r0, n, acc, 1);
+    else tiles_avx2(w, sc, 8, G, a, r0, n, acc, 0);
 }
 
 /* The VNNI path's integer group sums of one row: its hi and lo bytes (dwords xh[j], xl[j]) against the 8
@@ -873,7 +889,7 @@ int bd_qgemm(const uint16_t *x, int rows, int K, const uint8_t *w, const uint16_
                 else
 #endif
                 if (isa >= ISA_AVX512VNNI) block_avx512(wb, sb, bits, G, K, &a, r0, n, acc);
-                else if (isa == ISA_AVX2) block_avx2(wb, sb, bits, G, K, &a, r0, n, acc);
+                else if (isa == ISA_AVX2) block_avx2(wb, sb, bits, G, &a, r0, n, acc);
                 else block_portable(wb, sb, bits, G, K, &a, r0, n, acc);
                 for (int r = 0; r < n; r++)
                     for (int c = 0; c < COLS; c++) {
