@@ -417,7 +417,8 @@ static inline __m512 group_epilogue(__m512i ih, __m512i il, __m512 dv, __m512 mv
 }
 
 #define VNNI_ROWS 9       /* rows one pass over a block's weights keeps in registers on the VNNI path */
-#define VNNI_CHAINS 4     /* up to this many rows, each row's sums run in 4 chains; above it, one chain a row */
+#define VNNI_CHAINS 4     /* up to this many rows, each row's sums run in 4 chains (8-bit activations: 2); above
+                             it, one chain a row */
 
 /* R <= VNNI_ROWS rows (a constant where it is inlined) over all groups of one block of `bits`-bit weights, their
  * 16 sums each in registers; A8: the activations are 8-bit (bits and A8 are constants too). Up to VNNI_CHAINS
@@ -502,7 +503,7 @@ static inline void tiles_avx512(const uint8_t *w, const uint16_t *sc, const int 
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
-static void block_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0, int n,
+static void block_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, const Acts *a, int r0, int n,
                          float *acc) {
     if (bits == 4 && a->act8) tiles_avx512(w, sc, 4, G, a, r0, n, acc, 1);
     else if (bits == 4) tiles_avx512(w, sc, 4, G, a, r0, n, acc, 0);
@@ -803,7 +804,7 @@ static void block_amx(const uint8_t *w, const uint16_t *sc, int bits, int G, int
         int bf16 = isa == ISA_AMX_BF16 || (isa == ISA_AMX && m >= AMX_BF16_ROWS);
         if (bits != 4 || a->ab == NULL) bf16 = 0;
         if (isa == ISA_AMX && m < AMX_MIN_ROWS) {
-            block_avx512(w, sc, bits, G, K, a, r0 + r, m, acc + r * COLS);
+            block_avx512(w, sc, bits, G, a, r0 + r, m, acc + r * COLS);
             continue;
         }
         if (a->act8) {                                 /* every tile layout: one product a group for m rows */
@@ -888,7 +889,7 @@ int bd_qgemm(const uint16_t *x, int rows, int K, const uint8_t *w, const uint16_
                 if (tiles) block_amx(wb, sb, bits, G, K, &a, r0, n, acc, isa, &configured);
                 else
 #endif
-                if (isa >= ISA_AVX512VNNI) block_avx512(wb, sb, bits, G, K, &a, r0, n, acc);
+                if (isa >= ISA_AVX512VNNI) block_avx512(wb, sb, bits, G, &a, r0, n, acc);
                 else if (isa == ISA_AVX2) block_avx2(wb, sb, bits, G, &a, r0, n, acc);
                 else block_portable(wb, sb, bits, G, K, &a, r0, n, acc);
                 for (int r = 0; r < n; r++)
