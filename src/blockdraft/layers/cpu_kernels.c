@@ -416,6 +416,14 @@ static inline __m512 group_epilogue(__m512i ih, __m512i il, __m512 dv, __m512 mv
     return sum_epilogue(_mm512_add_epi32(_mm512_slli_epi32(ih, 8), il), dv, mv, bits, a, at, acc);
 }
 
+/* acc + VPDPBUSD(w, the dword at p in every lane), the dword read by the instruction's own broadcast: GCC
+ * otherwise spends a broadcast instruction and a register on it */
+__attribute__((target("avx512f,avx512vnni"), always_inline))
+static inline __m512i dpbusd_dword(__m512i acc, __m512i w, const int32_t *p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
+    return acc;
+}
+
 #define VNNI_ROWS 9       /* rows one pass over a block's weights keeps in registers on the VNNI path */
 #define VNNI_CHAINS 4     /* up to this many rows, each row's sums run in 4 chains (8-bit activations: 2); above
                              it, one chain a row */
@@ -469,14 +477,14 @@ static inline void tile_avx512(const uint8_t *w, const uint16_t *sc, const int b
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++)
 #pragma GCC unroll 16
-            for (int r = 0; r < R; r++) isum[r] = _mm512_dpbusd_epi32(isum[r], wv[j], _mm512_set1_epi32(xh[r][j]));
+            for (int r = 0; r < R; r++) isum[r] = dpbusd_dword(isum[r], wv[j], xh[r] + j);
 #pragma GCC unroll 16
         for (int r = 0; r < R; r++) isum[r] = _mm512_slli_epi32(isum[r], 8);
         if (!A8)
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++)
 #pragma GCC unroll 16
-                for (int r = 0; r < R; r++) isum[r] = _mm512_dpbusd_epi32(isum[r], wv[j], _mm512_set1_epi32(xl[r][j]));
+                for (int r = 0; r < R; r++) isum[r] = dpbusd_dword(isum[r], wv[j], xl[r] + j);
 #pragma GCC unroll 16
         for (int r = 0; r < R; r++) {
             size_t at = (size_t)(r0 + r) * G + g;
