@@ -317,6 +317,8 @@ def kernel_ab_flags(ap) -> None:
     ap.add_argument("--model", default="smollm2", help="smollm2 (the default model), or a family-shaped random "
                     "target: qwen3.5, lfm2")
     ap.add_argument("--quantization", default="int4", choices=("int4", "int4-a8", "int8"))
+    ap.add_argument("--isa", default=None, help="the kernel path both builds run (default: the best this CPU "
+                    "runs); e.g. avx2 to time the AVX2 path on an AVX512 machine")
 
 
 def kernel_ab(args) -> None:
@@ -346,6 +348,11 @@ def kernel_ab(args) -> None:
                 sys.exit(f"the {name} kernels do not build here")
     chosen = [libs["head"]]
     cpu_kernels.library = lambda: chosen[0]
+    if args.isa is not None:
+        runs = [i for i in cpu_kernels.ISAS if cpu_kernels.ISAS[i] <= cpu_kernels.ISAS[cpu_kernels.best_isa()]]
+        if args.isa not in runs:
+            sys.exit(f"--isa {args.isa}: this CPU runs {runs}")
+        cpu_kernels.best_isa = lambda: args.isa            # the int4/int8 kernels take it where no isa is given
 
     if args.model == "smollm2":
         target = load_target(smollm2_dir(), "bfloat16", args.quantization)
@@ -377,7 +384,8 @@ def kernel_ab(args) -> None:
 
         by_round = side_by_side({name: lambda name=name: build_ms(name) for name in libs}, args.repeats)
     ms = {name: {r: [x[r] for x in per] for r in rows_list} for name, per in by_round.items()}
-    report = {"base": args.base, "model": args.model, "quantization": args.quantization, "threads": args.threads,
+    report = {"base": args.base, "model": args.model, "quantization": args.quantization,
+              "isa": args.isa or cpu_kernels.best_isa(), "threads": args.threads,
               "context": args.context, "rounds": args.repeats, "ms": ms, "rows": {}}
     for rows in rows_list:
         ratios = [h / b for h, b in zip(ms["head"][rows], ms["base"][rows])]
