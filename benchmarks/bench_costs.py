@@ -5,6 +5,7 @@ numerics lose against fp32 — what the draft-width policy trades off.
         [--models smollm2,qwen3.5,lfm2,lfm2-moe,gpt-oss,gemma4-moe] [--isas amx,avx512vnni]
         [--schemes int8,int4,int4-a8] [--breakdown] [--name NAME] [--json]
     python benchmarks/bench_costs.py verify-cost | kernel-ab --base REV | moe-width | state-rollback | fidelity | dot-floor
+        | hugepages
 
 With no sub-command: step cost per row count, per numerics, in one run.
 Target: one SmolLM2 pass over R new rows (R = 1, 2, 4, 8, 9, 16) after a `--context`-token
@@ -35,6 +36,7 @@ Sub-commands (`bench_costs.py COMMAND --help` for each):
   state-rollback  a DeltaNet layer's two rollbacks after a verify: replay vs per-row states (state_rollback.json)
   fidelity        each numerics' top-1 agreement and KL against fp32, teacher-forced (fidelity.json)
   dot-floor       the VNNI dot products an int4 pass must issue, over this machine's measured peak (dot_floor.json)
+  hugepages       packed weights on 2 MiB pages vs 4 KiB pages, paired by round (hugepages.json / .png)
 """
 
 from __future__ import annotations
@@ -398,6 +400,122 @@ def kernel_ab(args) -> None:
     write_results("kernel_ab", report)
 
 
+
+def hugepages_flags(ap) -> None:
+    ap.add_argument("--models", default="lfm2,smollm2", help="smollm2 (the default model), or family-shaped "
+                    "random targets: qwen3.5, lfm2")
+    ap.add_argument("--rows", default="1,9")
+    ap.add_argument("--quantization", default="int4", choices=("int4", "int4-a8", "int8"))
+    add_repeats(ap, 12)
+    add_threads(ap, 2)
+    ap.add_argument("--context", type=int, default=300)
+    ap.add_argument("--name", default="hugepages", help="results as benchmarks/results/NAME.json, docs/data/NAME.png")
+
+
+def hugepages(args) -> None:
+    """Packed weights on 2 MiB pages (`layers/hugepages.py`) against the same weights on 4 KiB pages, side by
+    side in one process: two copies of each target, quantized once with the huge-page copy on and once with
+    it off, each step timed on each copy in alternating order and the ratio taken within the round (this
+    machine drifts by 10-20% over minutes). Reports per model and row count the median ms of both and the
+    median per-round ratio, the bytes of packed weights each copy holds on huge pages (from
+    /proc/self/smaps: AnonHugePages of the mappings holding them), and whether both copies' logits are
+    bit-identical. Writes benchmarks/results/NAME.json and docs/data/NAME.png (`--name`, default hugepages)."""
+    from blockdraft.default_model import smollm2_dir
+    from blockdraft.layers import cpu_kernels, hugepages as pages
+    from blockdraft.layers.quant import QuantizedLinear, quantize_target
+    from blockdraft.loading import load_target
+    from blockdraft.numerics import cpu_model
+
+    rows_list = [int(r) for r in args.rows.split(",")]
+    if bad := [m for m in args.models.split(",") if m not in ("smollm2", "qwen3.5", "lfm2")]:
+        raise SystemExit(f"--models {','.join(bad)}: smollm2, qwen3.5 or lfm2")
+
+    def build(name: str, on: bool):
+        pages.ENABLED = on
+        try:
+            if name == "smollm2":
+                return load_target(smollm2_dir(), "bfloat16", args.quantization)
+            return quantize_target(shaped(shaped_configs()[name]), args.quantization)
+        finally:
+            pages.ENABLED = True
+
+    def huge_bytes(model) -> int:
+        """Bytes of the model's packed weights that lie in mappings the kernel backs with huge pages."""
+        spans, cur = {}, None
+        for line in Path("/proc/self/smaps").read_text().splitlines():
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                cur = (lo, hi)
+            elif head[0] == "AnonHugePages:" and cur is not None:
+                spans[cur] = int(head[1]) * 1024
+        total = 0
+        for m in model.modules():
+            if isinstance(m, QuantizedLinear) and m.kernel == "qgemm":
+                for t in (m.qweight, m.scales):
+                    at = t.data_ptr()
+                    total += next((min(b, t.numel() * t.element_size()) for (lo, hi), b in spans.items()
+                                   if lo <= at < hi and b), 0)
+        return total
+
+    report = {"cpu": cpu_model(), "isa": cpu_kernels.best_isa(), "threads": args.threads,
+              "quantization": args.quantization, "context": args.context, "rounds": args.repeats, "models": {}}
+    g = torch.Generator().manual_seed(0)
+    for name in args.models.split(","):
+        copies = {"2 MiB pages": build(name, True), "4 KiB pages": build(name, False)}
+        vocab = copies["2 MiB pages"].config.vocab_size
+        prompt = torch.randint(0, vocab, (1, args.context), generator=g)
+        with torch.inference_mode():
+            caches, logits = {}, {}
+            for label, target in copies.items():
+                caches[label] = target.new_cache(1, args.context + max(rows_list))
+                logits[label] = target(prompt, caches[label]).logits
+
+            def round_ms(label: str) -> dict[int, float]:
+                target, cache, out = copies[label], caches[label], {}
+                for rows in rows_list:
+                    ids = torch.randint(0, vocab, (1, rows), generator=torch.Generator().manual_seed(rows))
+                    steps = max(4, 40 // rows)
+
+                    def run():
+                        for _ in range(steps):
+                            cache.truncate(args.context)
+                            target(ids, cache)
+                    out[rows] = clock(run)[0] / steps * 1e3
+                return out
+
+            per_round = side_by_side({label: lambda label=label: round_ms(label) for label in copies}, args.repeats)
+        entry = {"huge_page_bytes": {label: huge_bytes(t) for label, t in copies.items()},
+                 "packed_bytes": sum(t.numel() * t.element_size() for m in copies["4 KiB pages"].modules()
+                                     if isinstance(m, QuantizedLinear) and m.kernel == "qgemm"
+                                     for t in (m.qweight, m.scales)),
+                 "logits_equal": torch.equal(*logits.values()), "rows": {}}
+        for rows in rows_list:
+            huge = [x[rows] for x in per_round["2 MiB pages"]]
+            small = [x[rows] for x in per_round["4 KiB pages"]]
+            ratios = [a / b for a, b in zip(huge, small)]
+            entry["rows"][rows] = {"huge_ms": statistics.median(huge), "small_ms": statistics.median(small),
+                                   "huge_over_small": statistics.median(ratios), "range": [min(ratios), max(ratios)],
+                                   "ratios": ratios}
+            r = entry["rows"][rows]
+            print(f"{name} {rows} rows: 2 MiB pages {r['huge_ms']:.2f} ms, 4 KiB {r['small_ms']:.2f} ms, per round "
+                  f"{r['huge_over_small']:.3f} ({r['range'][0]:.3f}-{r['range'][1]:.3f})", file=sys.stderr, flush=True)
+        report["models"][name] = entry
+        del copies, caches
+    write_results(args.name, report)
+    if made := new_figure(figsize=(6, 3.2)):
+        fig, ax = made
+        labels = [f"{m}\n{r} row{'s' if r > 1 else ''}" for m in report["models"] for r in rows_list]
+        vals = [report["models"][m]["rows"][r]["huge_over_small"] for m in report["models"] for r in rows_list]
+        ax.bar(labels, vals, color="tab:blue")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_ylabel("step time, 2 MiB / 4 KiB pages")
+        ax.set_title(f"{args.quantization}, {args.threads} threads, {report['cpu']} ({report['isa']})", fontsize=9)
+        save_figure(fig, args.name)
+    print(json.dumps({m: {k: v for k, v in e.items() if k != "rows"} | {"rows": {r: {k: round(v, 3) for k, v in x.items()
+                      if k != "ratios" and not isinstance(v, list)} for r, x in e["rows"].items()}}
+                      for m, e in report["models"].items()}, indent=1))
+
 # --- moe-width -----------------------------------------------------------------------------------
 
 RATES = (0.5, 0.7, 0.85, 0.95)
@@ -714,7 +832,7 @@ def dot_floor(args) -> None:
 
 
 COMMANDS = {"verify-cost": (verify_cost_flags, verify_cost), "kernel-ab": (kernel_ab_flags, kernel_ab),
-            "dot-floor": (dot_floor_flags, dot_floor),
+            "dot-floor": (dot_floor_flags, dot_floor), "hugepages": (hugepages_flags, hugepages),
             "moe-width": (moe_width_flags, moe_width), "state-rollback": (state_rollback_flags, state_rollback),
             "fidelity": (fidelity_flags, fidelity)}
 

@@ -24,7 +24,7 @@ def runnable_isas() -> list[str]:
     return [isa for isa, code in kernels.ISAS.items() if code <= best]
 
 
-@pytest.mark.parametrize("vocab,rank", [(1000, 48), (12288, 64), (4099, 128)])
+@pytest.mark.parametrize("vocab,rank", [(1000, 48), (12288, 64), (4099, 128), (8200, 128)])   # the last: 2 MiB pages
 def test_every_isa_gives_the_portable_bits_at_any_row_count(vocab, rank):
     g = torch.Generator().manual_seed(vocab)
     w = (torch.randn(vocab, rank, generator=g) * torch.exp2(torch.randint(-4, 5, (vocab, 1), generator=g))).bfloat16()

@@ -46,6 +46,7 @@ from pathlib import Path
 
 import torch
 
+from .hugepages import weight_buffer
 from .linear import cached_on
 
 log = logging.getLogger(__name__)
@@ -398,9 +399,10 @@ MARKOV_WORK = 4 << 20        # multiply-adds per thread of `markov_bias`
 
 def markov_blocks(weight: torch.Tensor) -> torch.Tensor:
     """W2 [V, rank] -> `bd_markov_bias`'s layout: [ceil(V / 128), rank, 128], block b holding columns
-    128 b .. 128 b + 127 (zero past V), each block's values contiguous."""
+    128 b .. 128 b + 127 (zero past V), each block's values contiguous; on 2 MiB pages where it fills them
+    (`hugepages`: a greedy chain reads it once per slot)."""
     vocab, rank = weight.shape
     blocks = -(-vocab // MARKOV_BLOCK)
     padded = torch.zeros(blocks * MARKOV_BLOCK, rank, dtype=weight.dtype)
     padded[:vocab] = weight
-    return padded.view(blocks, MARKOV_BLOCK, rank).transpose(1, 2).contiguous()
+    return weight_buffer(padded.view(blocks, MARKOV_BLOCK, rank).transpose(1, 2).contiguous())

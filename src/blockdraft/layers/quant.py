@@ -39,6 +39,7 @@ from torch import nn
 from ..errors import ConfigError
 from . import cpu_kernels as kernels
 from .direct import DirectCall
+from .hugepages import weight_buffer
 from .moe import Experts
 
 SCHEMES = ("none", "int8", "int4", "int4-a8")   # what a user picks; int8_g32 is the LM head of each
@@ -99,8 +100,8 @@ class QuantizedLinear(DirectCall):
                               f"(built: {kernels.available()}; needs out % 16 == 0, in % 32 == 0, fp16 scales)")
         self.kernel = "torch" if packed is None else "qgemm"
         if packed is not None:
-            self.register_buffer("qweight", packed)
-            self.register_buffer("scales", scales)
+            self.register_buffer("qweight", weight_buffer(packed))        # on 2 MiB pages where it fills them
+            self.register_buffer("scales", weight_buffer(scales))
         else:
             self._torch_weights(weight.detach().float())
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)

@@ -1,0 +1,68 @@
+"""Packed weights on 2 MiB pages: the same bytes and the same products, on memory the kernel may back with
+transparent huge pages."""
+
+import gc
+import mmap
+from pathlib import Path
+
+import pytest
+import torch
+
+from blockdraft.layers import cpu_kernels as kernels
+from blockdraft.layers import hugepages
+from blockdraft.layers.quant import QuantizedLinear
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+needs_thp = pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE") or not THP.exists()
+                               or "[never]" in THP.read_text(), reason="no transparent huge pages on this system")
+
+
+def mapping_field(address: int, field: str) -> int:
+    """`field` of the /proc/self/smaps entry whose mapping holds `address`."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5:
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            inside = lo <= address < hi
+        elif inside and head[0] == f"{field}:":
+            return int(head[1])
+    raise AssertionError(f"no {field} for the mapping at {address:#x}")
+
+
+@needs_thp
+def test_a_large_weight_is_copied_onto_advised_2mib_pages():
+    src = torch.randint(0, 256, (5 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    out = hugepages.weight_buffer(src)
+    assert out.data_ptr() != src.data_ptr() and out.data_ptr() % hugepages.HUGE_PAGE == 0
+    assert out.dtype == src.dtype and out.shape == src.shape and torch.equal(out, src)
+    assert mapping_field(out.data_ptr(), "THPeligible") == 1
+    total = int(src.sum())
+    del src
+    gc.collect()                    # the tensor alone keeps its mapping alive
+    assert int(out.sum()) == total
+
+
+def test_small_weights_and_the_switch_leave_the_tensor_where_it_is(monkeypatch):
+    small = torch.zeros(hugepages.HUGE_PAGE - 1, dtype=torch.uint8)
+    assert hugepages.weight_buffer(small) is small
+    monkeypatch.setattr(hugepages, "ENABLED", False)
+    large = torch.zeros(3 * hugepages.HUGE_PAGE, dtype=torch.uint8)
+    assert hugepages.weight_buffer(large) is large
+
+
+@pytest.mark.skipif(not kernels.available(), reason="the own kernel does not build here")
+@pytest.mark.parametrize("scheme", ["int4", "int8", "int4-a8"])
+def test_a_layer_on_huge_pages_gives_the_same_bits(scheme, monkeypatch):
+    g = torch.Generator().manual_seed(1)
+    weight = torch.randn(4096, 1024, generator=g) * 0.05            # 2 MiB of int4, 4 MiB of int8
+    x = torch.randn(9, 1024, generator=g).bfloat16()
+    moved = hugepages.ENABLED and hasattr(mmap, "MADV_HUGEPAGE")
+    on = QuantizedLinear(weight, None, scheme)
+    monkeypatch.setattr(hugepages, "ENABLED", False)
+    off = QuantizedLinear(weight, None, scheme)
+    assert on.kernel == off.kernel == "qgemm"
+    assert torch.equal(on.qweight, off.qweight) and torch.equal(on.scales, off.scales)
+    if moved:
+        assert on.qweight.data_ptr() % hugepages.HUGE_PAGE == 0       # the packed weight was moved
+    assert torch.equal(on(x), off(x))
