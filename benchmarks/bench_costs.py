@@ -310,6 +310,20 @@ def verify_cost(args) -> None:
 KERNEL_SOURCE = "src/blockdraft/layers/cpu_kernels.c"
 
 
+def rows_ms(target, cache, context: int, ids: dict[int, torch.Tensor]) -> dict[int, float]:
+    """Mean ms of one pass over each `ids[rows]` [1, rows] after the cache's first `context` positions."""
+    out = {}
+    for rows, block in ids.items():
+        steps = max(4, 40 // rows)
+
+        def run():
+            for _ in range(steps):
+                cache.truncate(context)
+                target(block, cache)
+        out[rows] = clock(run)[0] / steps * 1e3
+    return out
+
+
 def kernel_ab_flags(ap) -> None:
     ap.add_argument("--base", required=True, help="the commit whose kernels are compared")
     ap.add_argument("--rows", default="1,9")
@@ -372,17 +386,8 @@ def kernel_ab(args) -> None:
         def build_ms(name: str) -> dict[int, float]:
             """One round of one build: mean ms of a step at each row count."""
             chosen[0] = libs[name]
-            out = {}
-            for rows in rows_list:
-                ids = torch.randint(0, target.config.vocab_size, (1, rows), generator=g)
-                steps = max(4, 40 // rows)
-
-                def run():
-                    for _ in range(steps):
-                        cache.truncate(args.context)
-                        target(ids, cache)
-                out[rows] = clock(run)[0] / steps * 1e3
-            return out
+            return rows_ms(target, cache, args.context,
+                           {rows: torch.randint(0, target.config.vocab_size, (1, rows), generator=g) for rows in rows_list})
 
         by_round = side_by_side({name: lambda name=name: build_ms(name) for name in libs}, args.repeats)
     ms = {name: {r: [x[r] for x in per] for r in rows_list} for name, per in by_round.items()}
@@ -471,20 +476,9 @@ def hugepages(args) -> None:
                 caches[label] = target.new_cache(1, args.context + max(rows_list))
                 logits[label] = target(prompt, caches[label]).logits
 
-            def round_ms(label: str) -> dict[int, float]:
-                target, cache, out = copies[label], caches[label], {}
-                for rows in rows_list:
-                    ids = torch.randint(0, vocab, (1, rows), generator=torch.Generator().manual_seed(rows))
-                    steps = max(4, 40 // rows)
-
-                    def run():
-                        for _ in range(steps):
-                            cache.truncate(args.context)
-                            target(ids, cache)
-                    out[rows] = clock(run)[0] / steps * 1e3
-                return out
-
-            per_round = side_by_side({label: lambda label=label: round_ms(label) for label in copies}, args.repeats)
+            ids = {rows: torch.randint(0, vocab, (1, rows), generator=g) for rows in rows_list}
+            per_round = side_by_side({label: lambda label=label: rows_ms(copies[label], caches[label], args.context, ids)
+                                      for label in copies}, args.repeats)
         entry = {"huge_page_bytes": {label: huge_bytes(t) for label, t in copies.items()},
                  "packed_bytes": sum(t.numel() * t.element_size() for m in copies["4 KiB pages"].modules()
                                      if isinstance(m, QuantizedLinear) and m.kernel == "qgemm"

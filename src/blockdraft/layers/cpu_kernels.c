@@ -359,13 +359,17 @@ static inline void tiles_avx2(const uint8_t *w, const uint16_t *sc, const int bi
     }
 }
 
+/* tiles(...) with the weight width and 8-bit activations as constants, so that each case is compiled on its own */
+#define WITH_CONSTANTS(tiles)                                                 \
+    if (bits == 4 && a->act8) tiles(w, sc, 4, G, a, r0, n, acc, 1);          \
+    else if (bits == 4) tiles(w, sc, 4, G, a, r0, n, acc, 0);                \
+    else if (a->act8) tiles(w, sc, 8, G, a, r0, n, acc, 1);                  \
+    else tiles(w, sc, 8, G, a, r0, n, acc, 0)
+
 __attribute__((target("avx2,fma,f16c")))
 static void block_avx2(const uint8_t *w, const uint16_t *sc, int bits, int G, const Acts *a, int r0, int n,
                        float *acc) {
-    if (bits == 4 && a->act8) tiles_avx2(w, sc, 4, G, a, r0, n, acc, 1);
-    else if (bits == 4) tiles_avx2(w, sc, 4, G, a, r0, n, acc, 0);
-    else if (a->act8) tiles_avx2(w, sc, 8, G, a, r0, n, acc, 1);
-    else tiles_avx2(w, sc, 8, G, a, r0, n, acc, 0);
+    WITH_CONSTANTS(tiles_avx2);
 }
 
 /* The VNNI path's integer group sums of one row: its hi and lo bytes (dwords xh[j], xl[j]) against the 8
@@ -513,10 +517,7 @@ static inline void tiles_avx512(const uint8_t *w, const uint16_t *sc, const int 
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
 static void block_avx512(const uint8_t *w, const uint16_t *sc, int bits, int G, const Acts *a, int r0, int n,
                          float *acc) {
-    if (bits == 4 && a->act8) tiles_avx512(w, sc, 4, G, a, r0, n, acc, 1);
-    else if (bits == 4) tiles_avx512(w, sc, 4, G, a, r0, n, acc, 0);
-    else if (a->act8) tiles_avx512(w, sc, 8, G, a, r0, n, acc, 1);
-    else tiles_avx512(w, sc, 8, G, a, r0, n, acc, 0);
+    WITH_CONSTANTS(tiles_avx512);
 }
 
 #ifdef BD_AMX
