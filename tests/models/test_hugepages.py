@@ -43,12 +43,29 @@ def test_a_large_weight_is_copied_onto_advised_2mib_pages():
     assert int(out.sum()) == total
 
 
-def test_small_weights_and_the_switch_leave_the_tensor_where_it_is(monkeypatch):
-    small = torch.zeros(hugepages.HUGE_PAGE - 1, dtype=torch.uint8)
-    assert hugepages.weight_buffer(small) is small
+@needs_thp
+def test_small_weights_share_slabs_on_advised_pages():
+    g = torch.Generator().manual_seed(2)
+    srcs = [torch.randint(-99, 99, (n,), dtype=torch.int16, generator=g) for n in (1000, 333, 70_000)]
+    outs = [hugepages.weight_buffer(s) for s in srcs]
+    assert all(torch.equal(o, s) and o.data_ptr() != s.data_ptr() for o, s in zip(outs, srcs))
+    assert len({o.untyped_storage().data_ptr() for o in outs}) == 1                  # one slab
+    assert all(o.data_ptr() % hugepages.ALIGN == 0 for o in outs)
+    ends = sorted((o.data_ptr(), o.data_ptr() + 2 * o.numel()) for o in outs)
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(ends, ends[1:]))  # no two overlap
+    assert mapping_field(outs[0].data_ptr(), "THPeligible") == 1
+    del outs[:2]
+    gc.collect()
+    later = hugepages.weight_buffer(srcs[0])          # the slab lives on with its last weight
+    assert later.untyped_storage().data_ptr() == outs[0].untyped_storage().data_ptr()
+    assert torch.equal(outs[0], srcs[2]) and torch.equal(later, srcs[0])
+
+
+def test_the_switch_leaves_the_tensor_where_it_is(monkeypatch):
     monkeypatch.setattr(hugepages, "ENABLED", False)
-    large = torch.zeros(3 * hugepages.HUGE_PAGE, dtype=torch.uint8)
-    assert hugepages.weight_buffer(large) is large
+    for n in (100, 3 * hugepages.HUGE_PAGE):
+        weight = torch.zeros(n, dtype=torch.uint8)
+        assert hugepages.weight_buffer(weight) is weight
 
 
 @pytest.mark.skipif(not kernels.available(), reason="the own kernel does not build here")
