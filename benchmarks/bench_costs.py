@@ -405,7 +405,6 @@ def kernel_ab(args) -> None:
     write_results("kernel_ab", report)
 
 
-
 def hugepages_flags(ap) -> None:
     ap.add_argument("--models", default="lfm2,smollm2", help="smollm2 (the default model), or family-shaped "
                     "random targets: qwen3.5, lfm2")
@@ -444,24 +443,16 @@ def hugepages(args) -> None:
         finally:
             pages.ENABLED = True
 
+    def packed(model) -> list[torch.Tensor]:
+        """The model's packed weights and scales (the layers on the own kernel)."""
+        return [t for m in model.modules() if isinstance(m, QuantizedLinear) and m.kernel == "qgemm"
+                for t in (m.qweight, m.scales)]
+
     def huge_bytes(model) -> int:
         """Bytes of the model's packed weights that lie in mappings the kernel backs with huge pages."""
-        spans, cur = {}, None
-        for line in Path("/proc/self/smaps").read_text().splitlines():
-            head = line.split()
-            if "-" in head[0] and len(head) >= 5:
-                lo, hi = (int(x, 16) for x in head[0].split("-"))
-                cur = (lo, hi)
-            elif head[0] == "AnonHugePages:" and cur is not None:
-                spans[cur] = int(head[1]) * 1024
-        total = 0
-        for m in model.modules():
-            if isinstance(m, QuantizedLinear) and m.kernel == "qgemm":
-                for t in (m.qweight, m.scales):
-                    at = t.data_ptr()
-                    total += next((min(b, t.numel() * t.element_size()) for (lo, hi), b in spans.items()
-                                   if lo <= at < hi and b), 0)
-        return total
+        spans = {span: kb * 1024 for span, kb in pages.mapping_fields("AnonHugePages").items() if kb}
+        return sum(next((min(b, t.numel() * t.element_size()) for (lo, hi), b in spans.items()
+                         if lo <= t.data_ptr() < hi), 0) for t in packed(model))
 
     report = {"cpu": cpu_model(), "isa": cpu_kernels.best_isa(), "threads": args.threads,
               "quantization": args.quantization, "context": args.context, "rounds": args.repeats, "models": {}}
@@ -480,9 +471,7 @@ def hugepages(args) -> None:
             per_round = side_by_side({label: lambda label=label: rows_ms(copies[label], caches[label], args.context, ids)
                                       for label in copies}, args.repeats)
         entry = {"huge_page_bytes": {label: huge_bytes(t) for label, t in copies.items()},
-                 "packed_bytes": sum(t.numel() * t.element_size() for m in copies["4 KiB pages"].modules()
-                                     if isinstance(m, QuantizedLinear) and m.kernel == "qgemm"
-                                     for t in (m.qweight, m.scales)),
+                 "packed_bytes": sum(t.numel() * t.element_size() for t in packed(copies["4 KiB pages"])),
                  "logits_equal": torch.equal(*logits.values()), "rows": {}}
         for rows in rows_list:
             huge = [x[rows] for x in per_round["2 MiB pages"]]

@@ -3,6 +3,7 @@ transparent huge pages."""
 
 import gc
 import mmap
+import types
 from pathlib import Path
 
 import pytest
@@ -19,15 +20,9 @@ needs_thp = pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE") or not THP.exi
 
 def mapping_field(address: int, field: str) -> int:
     """`field` of the /proc/self/smaps entry whose mapping holds `address`."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()
-        if "-" in head[0] and len(head) >= 5:
-            lo, hi = (int(x, 16) for x in head[0].split("-"))
-            inside = lo <= address < hi
-        elif inside and head[0] == f"{field}:":
-            return int(head[1])
-    raise AssertionError(f"no {field} for the mapping at {address:#x}")
+    value = next((v for (lo, hi), v in hugepages.mapping_fields(field).items() if lo <= address < hi), None)
+    assert value is not None, f"no {field} for the mapping at {address:#x}"
+    return value
 
 
 @needs_thp
@@ -59,6 +54,25 @@ def test_small_weights_share_slabs_on_advised_pages():
     later = hugepages.weight_buffer(srcs[0])          # the slab lives on with its last weight
     assert later.untyped_storage().data_ptr() == outs[0].untyped_storage().data_ptr()
     assert torch.equal(outs[0], srcs[2]) and torch.equal(later, srcs[0])
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE on this system")
+def test_a_refused_advice_leaves_weights_where_they_are_and_is_not_asked_again(monkeypatch):
+    made = []
+
+    class Refusing(mmap.mmap):
+        def madvise(self, *args):
+            made.append(self)
+            raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(hugepages, "mmap", types.SimpleNamespace(mmap=Refusing, MAP_PRIVATE=mmap.MAP_PRIVATE,
+                                                                 MADV_HUGEPAGE=mmap.MADV_HUGEPAGE))
+    monkeypatch.setattr(hugepages, "_refused", [])
+    monkeypatch.setattr(hugepages, "_slab", [None, 0, 0])
+    small, large = torch.ones(100, dtype=torch.uint8), torch.ones(3 * hugepages.HUGE_PAGE, dtype=torch.uint8)
+    assert hugepages.weight_buffer(small) is small
+    assert hugepages.weight_buffer(large) is large and hugepages.weight_buffer(small) is small
+    assert len(made) == 1
 
 
 def test_the_switch_leaves_the_tensor_where_it_is(monkeypatch):

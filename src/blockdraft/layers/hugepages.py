@@ -17,6 +17,7 @@ from __future__ import annotations
 import mmap
 import os
 import weakref
+from pathlib import Path
 
 import torch
 
@@ -26,6 +27,7 @@ ALIGN = 64                  # each weight's first byte on a cache line
 ENABLED = os.environ.get("BLOCKDRAFT_HUGEPAGES", "1") != "0"
 
 _slab: list = [None, 0, 0]   # a weak reference to the newest weight in the newest slab, its next free byte, its end
+_refused: list = []          # holds True once the system refused the advice: later weights are not copied
 
 
 def _advised(nbytes: int) -> tuple[torch.Tensor, int] | None:
@@ -37,7 +39,8 @@ def _advised(nbytes: int) -> tuple[torch.Tensor, int] | None:
     start = -raw.data_ptr() % HUGE_PAGE
     try:
         mapping.madvise(mmap.MADV_HUGEPAGE, start, nbytes // HUGE_PAGE * HUGE_PAGE)   # whole pages only
-    except OSError:                  # THP compiled out or refused
+    except OSError:                  # THP compiled out or refused: it will be for every weight
+        _refused.append(True)
         return None
     return raw, start
 
@@ -68,7 +71,7 @@ def weight_buffer(src: torch.Tensor) -> torch.Tensor:
     one after another in shared slabs so that they fill whole huge pages too. Memory goes back to the system
     when the last weight on it is freed."""
     nbytes = src.numel() * src.element_size()
-    if not ENABLED or nbytes == 0 or src.device.type != "cpu" or not hasattr(mmap, "MADV_HUGEPAGE"):
+    if not ENABLED or _refused or nbytes == 0 or src.device.type != "cpu" or not hasattr(mmap, "MADV_HUGEPAGE"):
         return src
     placed = _place(nbytes)
     if placed is None:
@@ -77,4 +80,17 @@ def weight_buffer(src: torch.Tensor) -> torch.Tensor:
     out.copy_(src)
     if placed[1]:
         _slab[0] = weakref.ref(out)
+    return out
+
+
+def mapping_fields(field: str) -> dict[tuple[int, int], int]:
+    """{(first, end) address of each of this process's mappings: its `field` in /proc/self/smaps (in kB for the
+    sizes, e.g. AnonHugePages; 0 or 1 for THPeligible)}."""
+    out, span = {}, None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5:
+            span = tuple(int(x, 16) for x in head[0].split("-"))
+        elif head[0] == f"{field}:" and span is not None:
+            out[span] = int(head[1])
     return out
