@@ -540,7 +540,9 @@ enum { LAYOUT_INT8 = 0, LAYOUT_BF16 = 1, LAYOUT_A8 = 2 };
 
 /* Configure the tiles for passes of n rows, as the int8 (tile_amx), the bf16 (tile_amx_bf16) or the 8-bit
  * activations' (tile_amx_a8) pass lays them out; once per thread, layout and row count (released by
- * amx_release). */
+ * amx_release). Where a group's product takes 3 or 4 tiles, a second set of the same shapes (tiles 4-7) lets
+ * the passes below alternate between the two by group: a group's product runs while the one before it is
+ * stored, where one set makes each wait for the other. */
 __attribute__((target("amx-tile")))
 static void amx_configure(int n, int layout, int *configured) {
     int key = n + 64 * (layout + 1);
@@ -566,6 +568,8 @@ static void amx_configure(int n, int layout, int *configured) {
             cfg.rows[4] = (uint8_t)(2 * second), cfg.colsb[4] = 64;
         }
     }
+    if (layout != LAYOUT_INT8 || n <= 8)                 /* the second set: tile t's shape in tile t + 4 */
+        for (int t = 0; t < 4; t++) cfg.rows[t + 4] = cfg.rows[t], cfg.colsb[t + 4] = cfg.colsb[t];
     /* not _tile_loadconfig: GCC 12 spells its operand as 8 bytes, so the stores to the rest of cfg may be
      * dropped as dead (seen: a #GP on a garbage config) */
     __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
@@ -589,7 +593,10 @@ static void amx_release(int *configured) {
  * interleaved with the other groups' so that tile and vector work overlap: its weights unpacked to bytes
  * (vector stores), its tile products (tile loads of those bytes, a tile store of the sums), its float
  * epilogue (vector loads of the sums). No load then waits on a store still in flight (a tile load of
- * just-stored bytes, or a vector load of a just-stored tile, stalls for ~100 cycles). */
+ * just-stored bytes, or a vector load of a just-stored tile, stalls for ~100 cycles). Up to 8 rows, groups
+ * alternate between two sets of tiles and each group's sums are stored one group later, after the next
+ * group's product is issued: a tile store waits for its product to finish, and the product of the next
+ * group no longer waits behind it. */
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma,amx-tile,amx-int8"), always_inline))
 static inline void tile_amx(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0,
                             float *acc, const int R, const int V) {
@@ -614,20 +621,31 @@ static inline void tile_amx(const uint8_t *w, const uint16_t *sc, int bits, int 
                     _mm512_store_si512((void *)(dst + 64), _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
                 }
         }
-        if (t >= 0 && t < G) {                          /* stage 2: the tile products of group t */
-            int32_t (*dst)[COLS] = sums[t & (AMX_RING - 1)];
-            _tile_loadd(2, bits == 4 ? unpacked[t & (2 * AMX_RING - 1)] : w + t * wstride, 64);   /* q8: q + 128 */
-            _tile_loadd(0, hl + t * GROUP, a->half);     /* row 2r: row r's hi bytes, 2r + 1: its lo bytes */
-            _tile_zero(3);
-            _tile_dpbsud(3, 0, 2);
-            _tile_stored(3, dst[0], 64);
-            if (R > 8) {
-                _tile_loadd(1, hl8 + t * GROUP, a->half);
-                _tile_zero(4);
-                _tile_dpbsud(4, 1, 2);
-                _tile_stored(4, dst[16], 64);
+        /* B: q4's unpacked bytes, or q8's q + 128; A: row 2r: row r's hi bytes, 2r + 1: its lo bytes */
+#define INT8_PRODUCT(A, B, C)                                                                             \
+    _tile_loadd(B, bits == 4 ? unpacked[t & (2 * AMX_RING - 1)] : w + t * wstride, 64);                   \
+    _tile_loadd(A, hl + t * GROUP, a->half);                                                              \
+    _tile_zero(C);                                                                                        \
+    _tile_dpbsud(C, A, B)
+        if (R <= 8 && t >= 0 && t <= G) {              /* stage 2: the tile product of group t, the store of t - 1's */
+            if (t < G && (t & 1)) {
+                INT8_PRODUCT(4, 6, 7);
+            } else if (t < G) {
+                INT8_PRODUCT(0, 2, 3);
             }
+            if (t > 0 && ((t - 1) & 1)) _tile_stored(7, sums[(t - 1) & (AMX_RING - 1)][0], 64);
+            else if (t > 0) _tile_stored(3, sums[(t - 1) & (AMX_RING - 1)][0], 64);
         }
+        if (R > 8 && t >= 0 && t < G) {                /* stage 2, two tiles of rows: the products of group t */
+            int32_t (*dst)[COLS] = sums[t & (AMX_RING - 1)];
+            INT8_PRODUCT(0, 2, 3);
+            _tile_stored(3, dst[0], 64);
+            _tile_loadd(1, hl8 + t * GROUP, a->half);
+            _tile_zero(4);
+            _tile_dpbsud(4, 1, 2);
+            _tile_stored(4, dst[16], 64);
+        }
+#undef INT8_PRODUCT
         if (i >= 0) {                                   /* stage 3: the epilogue of group i */
             int g = i;
             int32_t (*src)[COLS] = sums[g & (AMX_RING - 1)];
@@ -680,13 +698,21 @@ static inline void tile_amx_a8(const uint8_t *w, const uint16_t *sc, int bits, i
                     _mm512_store_si512((void *)(dst + 64), _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
                 }
         }
-        if (t >= 0 && t < G) {                          /* stage 2: the tile product of group t */
-            _tile_loadd(2, bits == 4 ? unpacked[t & (AMX_RING - 1)] : w + t * wstride, 64);
-            _tile_loadd(0, hl + t * GROUP, 2 * a->half);
-            _tile_zero(3);
-            _tile_dpbsud(3, 0, 2);
-            _tile_stored(3, sums[t & (AMX_RING - 1)], 64);
+#define A8_PRODUCT(A, B, C)                                                                               \
+    _tile_loadd(B, bits == 4 ? unpacked[t & (AMX_RING - 1)] : w + t * wstride, 64);                       \
+    _tile_loadd(A, hl + t * GROUP, 2 * a->half);                                                          \
+    _tile_zero(C);                                                                                        \
+    _tile_dpbsud(C, A, B)
+        if (t >= 0 && t <= G) {                         /* stage 2: the tile product of group t, the store of t - 1's */
+            if (t < G && (t & 1)) {
+                A8_PRODUCT(4, 6, 7);
+            } else if (t < G) {
+                A8_PRODUCT(0, 2, 3);
+            }
+            if (t > 0 && ((t - 1) & 1)) _tile_stored(7, sums[(t - 1) & (AMX_RING - 1)], 64);
+            else if (t > 0) _tile_stored(3, sums[(t - 1) & (AMX_RING - 1)], 64);
         }
+#undef A8_PRODUCT
         if (i >= 0) {                                   /* stage 3: the epilogue of group i */
             int g = i;
             const uint16_t *s = sc + g * sstride;
@@ -759,15 +785,23 @@ static inline void tile_amx_bf16(const uint8_t *w, const uint16_t *sc, int G, co
     for (int i = -2 * AMX_AHEAD; i < G; i++) {
         int p = i + 2 * AMX_AHEAD, t = i + AMX_AHEAD;
         if (p < G) weights_bf16(w + (size_t)p * 256, prepared[p & (AMX_RING - 1)]);    /* stage 1: B of group p */
-        if (t >= 0 && t < G) {                          /* stage 2: the tile products of group t */
-            _tile_loadd(2, prepared[t & (AMX_RING - 1)], 64);
-            _tile_loadd(0, ah + t * GROUP, stride);
-            _tile_loadd(1, al + t * GROUP, stride);
-            _tile_zero(3);
-            _tile_dpbf16ps(3, 0, 2);
-            _tile_dpbf16ps(3, 1, 2);
-            _tile_stored(3, sums[t & (AMX_RING - 1)], 64);
+#define BF16_PRODUCTS(AH, AL, B, C)                                                                       \
+    _tile_loadd(B, prepared[t & (AMX_RING - 1)], 64);                                                     \
+    _tile_loadd(AH, ah + t * GROUP, stride);                                                              \
+    _tile_loadd(AL, al + t * GROUP, stride);                                                              \
+    _tile_zero(C);                                                                                        \
+    _tile_dpbf16ps(C, AH, B);                                                                             \
+    _tile_dpbf16ps(C, AL, B)
+        if (t >= 0 && t <= G) {                         /* stage 2: the tile products of group t, the store of t - 1's */
+            if (t < G && (t & 1)) {
+                BF16_PRODUCTS(4, 5, 6, 7);
+            } else if (t < G) {
+                BF16_PRODUCTS(0, 1, 2, 3);
+            }
+            if (t > 0 && ((t - 1) & 1)) _tile_stored(7, sums[(t - 1) & (AMX_RING - 1)], 64);
+            else if (t > 0) _tile_stored(3, sums[(t - 1) & (AMX_RING - 1)], 64);
         }
+#undef BF16_PRODUCTS
         if (i >= 0) {                                   /* stage 3: the epilogue of group i */
             int g = i;
             const uint16_t *s = sc + g * 32;
