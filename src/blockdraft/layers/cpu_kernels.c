@@ -818,14 +818,19 @@ static inline void tile_amx_bf16(const uint8_t *w, const uint16_t *sc, int G, co
     for (int r = 0; r < R; r++) _mm512_storeu_ps(acc + r * COLS, o[r]);
 }
 
-/* Which path ISA_AMX takes for a pass of m rows (measured on a 2-core Xeon with AMX, where a tile product
- * costs ~10 ns whatever its rows, so the count of tile products per group sets the cost): one or two rows
- * on the VNNI path; 3-8 rows on one int8 tile product a group; 9 rows (a block of 8 drafts and its anchor)
- * on one int8 tile product for 8 of them and the VNNI units for the 9th, reading the same unpacked
+/* Which path ISA_AMX takes for a pass of m rows (measured on a 2-core Xeon with AMX, where a group's tile
+ * product and the store of its sums cost ~10 ns whatever the rows, and the store holds up the vector work
+ * beside it): 1-5 rows on the VNNI path; 6-8 rows on one int8 tile product a group; 9 rows (a block of 8
+ * drafts and its anchor) on one int8 tile product for 8 of them and the VNNI units for the 9th, reading the same unpacked
  * weights; 10-16 rows of 4-bit weights on the bf16 tiles (two products a group, and no second tile store),
- * the rest on two int8 products. */
+ * the rest on two int8 products. With 8-bit activations the VNNI path issues one product per 4 weights and
+ * row, half of what 16-bit ones take, and keeps up to 9 rows in registers: it stays faster than the tile
+ * up to there, and 10-16 rows take one tile product a group. */
 #ifndef AMX_MIN_ROWS
-#define AMX_MIN_ROWS 3
+#define AMX_MIN_ROWS 6
+#endif
+#ifndef AMX_A8_MIN_ROWS
+#define AMX_A8_MIN_ROWS 10
 #endif
 #ifndef AMX_BF16_ROWS
 #define AMX_BF16_ROWS 10
@@ -846,7 +851,7 @@ static void block_amx(const uint8_t *w, const uint16_t *sc, int bits, int G, int
         int m = n - r < AMX_ROWS ? n - r : AMX_ROWS;
         int bf16 = isa == ISA_AMX_BF16 || (isa == ISA_AMX && m >= AMX_BF16_ROWS);
         if (bits != 4 || a->ab == NULL) bf16 = 0;
-        if (isa == ISA_AMX && m < AMX_MIN_ROWS) {
+        if (isa == ISA_AMX && m < (a->act8 ? AMX_A8_MIN_ROWS : AMX_MIN_ROWS)) {
             block_avx512(w, sc, bits, G, a, r0 + r, m, acc + r * COLS);
             continue;
         }
