@@ -1796,3 +1796,68 @@ void bd_markov_bias(const float *e, int rows, int rank, const uint16_t *wb, int 
         }
     }
 }
+
+/* ---- argmax over the last dimension, as torch's: the first NaN of a row if it has one, else the first of
+ * its largest values (ties -> lowest index) ---- */
+
+static inline float argmax_at(const void *row, int bf16, int i) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)row)[i]) : ((const float *)row)[i];
+}
+
+/* the portable path, and every path's NaN rule and tail: from `best` at `at`, indices from..n-1 */
+static int64_t argmax_scan(const void *row, int bf16, int from, int n, float best, int64_t at) {
+    for (int i = from; i < n; i++) {
+        float v = argmax_at(row, bf16, i);
+        if (v > best) best = v, at = i;
+    }
+    return at;
+}
+
+static int64_t first_nan(const void *row, int bf16, int n) {
+    for (int i = 0; i < n; i++)
+        if (isnan(argmax_at(row, bf16, i))) return i;
+    return -1;
+}
+
+/* 16 lanes, each keeping its first largest value and where it was (strict >: a later equal value does not
+ * move it; NaN compares false and is looked for apart), then the largest over lanes at its lowest index */
+__attribute__((target("avx512f")))
+static int64_t argmax_row_avx512(const void *row, int bf16, int n) {
+    int full = n / 16 * 16;
+    __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), at = idx;
+    const __m512i step = _mm512_set1_epi32(16);
+#define LOAD16(i) (bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(                                          \
+                              _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + (i)))), 16)) \
+                        : _mm512_loadu_ps((const float *)row + (i)))
+    __m512 best = LOAD16(0);
+    __mmask16 nan = _mm512_cmp_ps_mask(best, best, _CMP_UNORD_Q);
+    for (int i = 16; i < full; i += 16) {
+        __m512 v = LOAD16(i);
+        idx = _mm512_add_epi32(idx, step);
+        __mmask16 up = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        best = _mm512_mask_mov_ps(best, up, v);
+        at = _mm512_mask_mov_epi32(at, up, idx);
+    }
+#undef LOAD16
+    if (nan) return first_nan(row, bf16, n);
+    float top = _mm512_reduce_max_ps(best);
+    __mmask16 tops = _mm512_cmp_ps_mask(best, _mm512_set1_ps(top), _CMP_EQ_OQ);
+    int64_t first = _mm512_mask_reduce_min_epi32(tops, at);
+    for (int i = full; i < n; i++)
+        if (isnan(argmax_at(row, bf16, i))) return i;
+    return argmax_scan(row, bf16, full, n, top, first);
+}
+
+/* out[r] = argmax of row r (n values, bf16 or fp32, rows `stride` elements apart) */
+void bd_argmax(const void *x, int rows, int n, int64_t stride, int bf16, int64_t *out, int isa) {
+    size_t size = bf16 ? 2 : 4;
+    for (int r = 0; r < rows; r++) {
+        const void *row = (const char *)x + (size_t)r * stride * size;
+        if (isa >= ISA_AVX512VNNI && n >= 16) out[r] = argmax_row_avx512(row, bf16, n);
+        else {
+            int64_t nan_at = first_nan(row, bf16, n);
+            out[r] = nan_at >= 0 ? nan_at : argmax_scan(row, bf16, 1, n, argmax_at(row, bf16, 0), 0);
+        }
+    }
+}

@@ -107,6 +107,8 @@ def library() -> ctypes.CDLL | None:
     lib.bd_delta_rule.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, ptr, ptr, ptr, i32]
     lib.bd_markov_bias.restype = None
     lib.bd_markov_bias.argtypes = [ptr, i32, i32, ptr, i32, ptr, i32, i32]
+    lib.bd_argmax.restype = None
+    lib.bd_argmax.argtypes = [ptr, i32, i32, i64, i32, ptr, i32]
     return lib
 
 
@@ -390,6 +392,25 @@ def markov_bias(embed: torch.Tensor, weight: torch.Tensor, isa: str | None = Non
         library().bd_markov_bias(flat.data_ptr(), flat.shape[0], rank, blocked.data_ptr(), vocab, out.data_ptr(),
                                  _isa_code(isa), threads)
     return out.view(*embed.shape[:-1], vocab)
+
+
+def argmax(x: torch.Tensor, isa: str | None = None) -> torch.Tensor | None:
+    """`x.argmax(-1)` for bf16 or fp32 logits on the CPU (`bd_argmax`): the first NaN of a row if it has one,
+    else the first of its largest values, as torch's; one pass over the values, read as they are (torch's
+    CPU argmax over a verify's 9 x 65,536 logits took ~0.5 ms, this ~0.05). None where it does not apply."""
+    if (x.dtype not in (torch.bfloat16, torch.float32) or x.device.type != "cpu" or x.dim() == 0
+            or x.shape[-1] == 0 or library() is None or (torch.is_grad_enabled() and x.requires_grad)
+            or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()):
+        return None
+    n = x.shape[-1]
+    flat = x.reshape(-1, n)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    out = torch.empty(flat.shape[0], dtype=torch.int64)
+    if flat.shape[0]:
+        library().bd_argmax(flat.data_ptr(), flat.shape[0], n, flat.stride(0), int(x.dtype == torch.bfloat16),
+                            out.data_ptr(), _isa_code(isa))
+    return out.view(x.shape[:-1])
 
 
 MARKOV_BLOCK = 128
