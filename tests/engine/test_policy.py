@@ -93,23 +93,6 @@ def test_looks_cost_at_most_their_share_of_decoding_time():
     assert spent - 2000 * cost[0] <= 0.03 * spent + WIDE_TRIES * cost[4]     # the widest's tries, plus the share
 
 
-def test_a_looks_catch_up_is_paid_from_the_same_share():
-    """The drafter context a look writes for the plain steps before it (charged to no width's cost) comes
-    out of the exploration credit: looks plus their catch-up still lose at most `explore_share`."""
-    policy = DraftWidthPolicy(4, explore_share=0.03, min_gap=16)
-    cost = {w: 1.0 + 0.5 * w for w in policy.widths}
-    spent, since_draft, looks = 0.0, 0, 0
-    for step in range(3000):
-        w = policy.choose(8)
-        upkeep = 0.01 * since_draft if w else 0.0                # the context of every plain step since
-        since_draft = 0 if w else since_draft + 1
-        looks += w > 0 and step > WIDE_TRIES
-        spent += cost[w] + upkeep
-        policy.record(8, w, cost[w], [w] * 8, [0] * 8, upkeep=upkeep)
-    assert looks > 5
-    assert spent - 3000 * cost[0] <= 0.03 * spent + WIDE_TRIES * cost[4]
-
-
 def test_a_drafter_that_starts_to_accept_is_found_by_the_looks():
     policy = DraftWidthPolicy(4, min_gap=8)
     cost = {w: 1.0 + 0.1 * w for w in policy.widths}

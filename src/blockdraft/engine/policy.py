@@ -30,8 +30,7 @@ requests at 0.86x of plain decoding).
 Exploration has a budget: every step earns `explore_share` of its time as credit, and a look at
 a width next to the best one (a plain step among them while drafting, so its cost is not left
 stale) is taken only when the credit covers what the look is expected to lose against the best
-width, and at most once in `min_gap` steps; the drafter context a look writes for the plain steps
-before it (its catch-up) is paid from the credit too. So a drafter that cannot pay here costs at most
+width, and at most once in `min_gap` steps. So a drafter that cannot pay here costs at most
 ~`explore_share` of decoding time, and a machine whose verify is cheap (AMX) drafts wide while
 one whose verify is dear (emulated bf16, large batches) drafts narrow or not at all.
 
@@ -170,12 +169,8 @@ class DraftWidthPolicy:
         for w in sorted((w for bb, w in self.cost if bb == b), reverse=True):
             self.cost[(b, w)] = cheapest_wider = min(self.cost[(b, w)], cheapest_wider)
 
-    def record(self, batch: int, width: int, seconds: float, drafted: list[int], accepted: list[int],
-               upkeep: float = 0.0) -> None:
-        """One decode step: its time at `width`, each sequence's drafted / accepted counts, and `upkeep`:
-        seconds it also spent writing drafter context owed by earlier steps that did not draft (a look's
-        catch-up after plain steps; not `width`'s cost, but what the look spent, so it comes out of the
-        exploration credit)."""
+    def record(self, batch: int, width: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
+        """One decode step: its time at `width`, and each sequence's drafted / accepted counts."""
         key = (self.bucket(batch), width)
         self.wide_steps += width == self.max_width
         old = self.cost.get(key)
@@ -183,7 +178,7 @@ class DraftWidthPolicy:
         if width == 0:
             self.plain_recent[key[0]].append(seconds)
         self._monotone(key[0])
-        self.credit[key[0]] += self.explore_share * (seconds + upkeep) - upkeep
+        self.credit[key[0]] += self.explore_share * seconds
         for n, a in zip(drafted, accepted):
             for i in range(1, n + 1):
                 self.trials[i] += 1

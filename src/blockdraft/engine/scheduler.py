@@ -102,7 +102,7 @@ class Scheduler:
             # only blocks whose drafter context is written may be shared
             self.blocks.register(seq.block_table, seq.tokens, seq.num_drafter_ctx if self.drafting else seq.num_computed)
         self.policy.record(len(batch.decode), batch.width, out.decode_s - out.catch_up_s, [o.drafted for o in out.decode],
-                           [o.accepted for o in out.decode], upkeep=out.catch_up_s)
+                           [o.accepted for o in out.decode])
         return touched + batch.decode
 
     def _commit(self, seq: Sequence, new: list[int], step=None) -> int:
