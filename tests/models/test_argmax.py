@@ -1,4 +1,4 @@
-"""The last-dimension argmax kernel (`cpu_kernels.argmax`, which `vocab.argmax_ids` runs on the CPU): torch's
+"""The last-dimension argmax kernel (`cpu_kernels.argmax`, which `vocab.argmax_ids` runs on AVX512 CPUs): torch's
 index on every instruction set this CPU runs — ties to the lowest index, a row's first NaN, all -inf — for
 bf16 and fp32 rows of every length around the vector width, strided views, and the shapes decoding uses."""
 
@@ -44,7 +44,7 @@ def test_shapes_strides_and_fallbacks():
     assert torch.equal(argmax_ids(logits), logits.argmax(-1))
     assert argmax_ids(logits).shape == (2, 9)
     for view in (logits[:, ::2], logits[..., ::3], logits.transpose(0, 1), logits[0, 3]):
-        assert torch.equal(kernels.argmax(view), view.argmax(-1))
+        assert torch.equal(kernels.argmax(view, kernels.best_isa()), view.argmax(-1))
     assert kernels.argmax(logits.half()) is None                              # torch's for other dtypes
     assert kernels.argmax(torch.empty(3, 0)) is None
     assert torch.equal(argmax_ids(logits.half()), logits.half().argmax(-1))

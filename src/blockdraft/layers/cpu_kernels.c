@@ -821,8 +821,8 @@ static inline void tile_amx_bf16(const uint8_t *w, const uint16_t *sc, int G, co
 /* Which path ISA_AMX takes for a pass of m rows (measured on a 2-core Xeon with AMX, where a group's tile
  * product and the store of its sums cost ~10 ns whatever the rows, and the store holds up the vector work
  * beside it): 1-5 rows on the VNNI path; 6-8 rows on one int8 tile product a group; 9 rows (a block of 8
- * drafts and its anchor) on one int8 tile product for 8 of them and the VNNI units for the 9th, reading the same unpacked
- * weights; 10-16 rows of 4-bit weights on the bf16 tiles (two products a group, and no second tile store),
+ * drafts and its anchor) on one int8 tile product for 8 of them and the VNNI units for the 9th, reading the
+ * same unpacked weights; 10-16 rows of 4-bit weights on the bf16 tiles (two products a group, and no second tile store),
  * the rest on two int8 products. With 8-bit activations the VNNI path issues one product per 4 weights and
  * row, half of what 16-bit ones take, and keeps up to 9 rows in registers: it stays faster than the tile
  * up to there, and 10-16 rows take one tile product a group. */

@@ -14,7 +14,7 @@ from . import cpu_kernels
 
 
 def argmax_ids(x: torch.Tensor) -> torch.Tensor:
-    """`x.argmax(-1)` (ties → lowest id; a NaN row's first NaN). On the CPU the kernel's one pass
+    """`x.argmax(-1)` (ties → lowest id; a NaN row's first NaN). On an AVX512 CPU the kernel's one pass
     (`cpu_kernels.argmax`: a verify's 9 x 65,536 bf16 logits in ~0.07 ms, torch's ~0.5); elsewhere torch's, bf16
     rows widened first (the same index, and faster than its bf16 argmax)."""
     if (picked := cpu_kernels.argmax(x)) is not None:
