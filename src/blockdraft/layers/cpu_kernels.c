@@ -585,6 +585,13 @@ static void amx_release(int *configured) {
 #ifndef AMX_AHEAD
 #define AMX_AHEAD 4      /* groups between the stages of the pipelines below */
 #endif
+
+/* Group t's int8 tile product into tile C: B = its weight bytes `wt` (8 x 64), A = its activation rows at
+ * `stride` bytes apart. Tile numbers must be literals, hence macros. */
+#define INT8_PRODUCT(A, B, C, wt, at, stride) \
+    do { _tile_loadd(B, wt, 64); _tile_loadd(A, at, stride); _tile_zero(C); _tile_dpbsud(C, A, B); } while (0)
+/* the sums of group g from its set's C tile (3 for even groups, 7 for odd) into `dst` */
+#define STORE_SUMS(g, dst) do { if ((g) & 1) _tile_stored(7, dst, 64); else _tile_stored(3, dst, 64); } while (0)
 #define AMX_RING 8       /* buffers per stage: a power of two > AMX_AHEAD (unpacked weights: twice that, so
                             the epilogue's extra vector row can read them 2 AMX_AHEAD groups after) */
 
@@ -595,8 +602,8 @@ static void amx_release(int *configured) {
  * epilogue (vector loads of the sums). No load then waits on a store still in flight (a tile load of
  * just-stored bytes, or a vector load of a just-stored tile, stalls for ~100 cycles). Up to 8 rows, groups
  * alternate between two sets of tiles and each group's sums are stored one group later, after the next
- * group's product is issued: a tile store waits for its product to finish, and the product of the next
- * group no longer waits behind it. */
+ * group's product is issued: a tile store waits for its product to finish, and the next group's product
+ * does not wait behind it. */
 __attribute__((target("avx512f,avx512bw,avx512vnni,fma,amx-tile,amx-int8"), always_inline))
 static inline void tile_amx(const uint8_t *w, const uint16_t *sc, int bits, int G, int K, const Acts *a, int r0,
                             float *acc, const int R, const int V) {
@@ -622,30 +629,23 @@ static inline void tile_amx(const uint8_t *w, const uint16_t *sc, int bits, int 
                 }
         }
         /* B: q4's unpacked bytes, or q8's q + 128; A: row 2r: row r's hi bytes, 2r + 1: its lo bytes */
-#define INT8_PRODUCT(A, B, C)                                                                             \
-    _tile_loadd(B, bits == 4 ? unpacked[t & (2 * AMX_RING - 1)] : w + t * wstride, 64);                   \
-    _tile_loadd(A, hl + t * GROUP, a->half);                                                              \
-    _tile_zero(C);                                                                                        \
-    _tile_dpbsud(C, A, B)
+        const uint8_t *wt = t >= 0 && t < G ? (bits == 4 ? unpacked[t & (2 * AMX_RING - 1)] : w + t * wstride) : NULL;
         if (R <= 8 && t >= 0 && t <= G) {              /* stage 2: the tile product of group t, the store of t - 1's */
-            if (t < G && (t & 1)) {
-                INT8_PRODUCT(4, 6, 7);
-            } else if (t < G) {
-                INT8_PRODUCT(0, 2, 3);
+            if (t < G) {
+                if (t & 1) INT8_PRODUCT(4, 6, 7, wt, hl + t * GROUP, a->half);
+                else INT8_PRODUCT(0, 2, 3, wt, hl + t * GROUP, a->half);
             }
-            if (t > 0 && ((t - 1) & 1)) _tile_stored(7, sums[(t - 1) & (AMX_RING - 1)][0], 64);
-            else if (t > 0) _tile_stored(3, sums[(t - 1) & (AMX_RING - 1)][0], 64);
+            if (t > 0) STORE_SUMS(t - 1, sums[(t - 1) & (AMX_RING - 1)][0]);
         }
         if (R > 8 && t >= 0 && t < G) {                /* stage 2, two tiles of rows: the products of group t */
             int32_t (*dst)[COLS] = sums[t & (AMX_RING - 1)];
-            INT8_PRODUCT(0, 2, 3);
+            INT8_PRODUCT(0, 2, 3, wt, hl + t * GROUP, a->half);
             _tile_stored(3, dst[0], 64);
             _tile_loadd(1, hl8 + t * GROUP, a->half);
             _tile_zero(4);
             _tile_dpbsud(4, 1, 2);
             _tile_stored(4, dst[16], 64);
         }
-#undef INT8_PRODUCT
         if (i >= 0) {                                   /* stage 3: the epilogue of group i */
             int g = i;
             int32_t (*src)[COLS] = sums[g & (AMX_RING - 1)];
@@ -698,21 +698,14 @@ static inline void tile_amx_a8(const uint8_t *w, const uint16_t *sc, int bits, i
                     _mm512_store_si512((void *)(dst + 64), _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
                 }
         }
-#define A8_PRODUCT(A, B, C)                                                                               \
-    _tile_loadd(B, bits == 4 ? unpacked[t & (AMX_RING - 1)] : w + t * wstride, 64);                       \
-    _tile_loadd(A, hl + t * GROUP, 2 * a->half);                                                          \
-    _tile_zero(C);                                                                                        \
-    _tile_dpbsud(C, A, B)
         if (t >= 0 && t <= G) {                         /* stage 2: the tile product of group t, the store of t - 1's */
-            if (t < G && (t & 1)) {
-                A8_PRODUCT(4, 6, 7);
-            } else if (t < G) {
-                A8_PRODUCT(0, 2, 3);
+            if (t < G) {                                /* A: the rows' hi bytes (2 half apart: the lo bytes skipped) */
+                const uint8_t *wt = bits == 4 ? unpacked[t & (AMX_RING - 1)] : w + t * wstride;
+                if (t & 1) INT8_PRODUCT(4, 6, 7, wt, hl + t * GROUP, 2 * a->half);
+                else INT8_PRODUCT(0, 2, 3, wt, hl + t * GROUP, 2 * a->half);
             }
-            if (t > 0 && ((t - 1) & 1)) _tile_stored(7, sums[(t - 1) & (AMX_RING - 1)], 64);
-            else if (t > 0) _tile_stored(3, sums[(t - 1) & (AMX_RING - 1)], 64);
+            if (t > 0) STORE_SUMS(t - 1, sums[(t - 1) & (AMX_RING - 1)]);
         }
-#undef A8_PRODUCT
         if (i >= 0) {                                   /* stage 3: the epilogue of group i */
             int g = i;
             const uint16_t *s = sc + g * sstride;
@@ -786,20 +779,20 @@ static inline void tile_amx_bf16(const uint8_t *w, const uint16_t *sc, int G, co
         int p = i + 2 * AMX_AHEAD, t = i + AMX_AHEAD;
         if (p < G) weights_bf16(w + (size_t)p * 256, prepared[p & (AMX_RING - 1)]);    /* stage 1: B of group p */
 #define BF16_PRODUCTS(AH, AL, B, C)                                                                       \
-    _tile_loadd(B, prepared[t & (AMX_RING - 1)], 64);                                                     \
-    _tile_loadd(AH, ah + t * GROUP, stride);                                                              \
-    _tile_loadd(AL, al + t * GROUP, stride);                                                              \
-    _tile_zero(C);                                                                                        \
-    _tile_dpbf16ps(C, AH, B);                                                                             \
-    _tile_dpbf16ps(C, AL, B)
+    do {                                                                                                  \
+        _tile_loadd(B, prepared[t & (AMX_RING - 1)], 64);                                                 \
+        _tile_loadd(AH, ah + t * GROUP, stride);                                                          \
+        _tile_loadd(AL, al + t * GROUP, stride);                                                          \
+        _tile_zero(C);                                                                                    \
+        _tile_dpbf16ps(C, AH, B);                                                                         \
+        _tile_dpbf16ps(C, AL, B);                                                                         \
+    } while (0)
         if (t >= 0 && t <= G) {                         /* stage 2: the tile products of group t, the store of t - 1's */
-            if (t < G && (t & 1)) {
-                BF16_PRODUCTS(4, 5, 6, 7);
-            } else if (t < G) {
-                BF16_PRODUCTS(0, 1, 2, 3);
+            if (t < G) {
+                if (t & 1) BF16_PRODUCTS(4, 5, 6, 7);
+                else BF16_PRODUCTS(0, 1, 2, 3);
             }
-            if (t > 0 && ((t - 1) & 1)) _tile_stored(7, sums[(t - 1) & (AMX_RING - 1)], 64);
-            else if (t > 0) _tile_stored(3, sums[(t - 1) & (AMX_RING - 1)], 64);
+            if (t > 0) STORE_SUMS(t - 1, sums[(t - 1) & (AMX_RING - 1)]);
         }
 #undef BF16_PRODUCTS
         if (i >= 0) {                                   /* stage 3: the epilogue of group i */

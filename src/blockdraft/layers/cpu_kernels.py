@@ -8,8 +8,8 @@ weights and keeping a tile of rows' sums in registers over a block's groups (up 
 AVX2, up to 16 with AMX). On CPUs with AMX (`best_isa() == "amx"`) passes of 6 rows or more (10 with 8-bit
 activations) run on the tiles — int8 products (a 9-row pass: 8 rows on the tile, the 9th on VNNI), or for
 4-bit weights and 10-16 rows bf16 products whose fp32 sums are exact — so a verify reads each weight once
-at a cost per row under the VNNI path's. Its scales stay in fp16 as the GGUF stores them (PyTorch's int4 CPU kernel keeps them in bf16, further
-from the model). On AVX2, 4-bit products are summed in 16 bits over 32 inputs before widening (no
+at a cost per row under the VNNI path's. Its scales stay in fp16 as the GGUF stores them (PyTorch's int4
+CPU kernel keeps them in bf16, further from the model). On AVX2, 4-bit products are summed in 16 bits over 32 inputs before widening (no
 overflow: 8 pair sums of at most 2*15*128). Every row runs the same operations whatever the row
 count, so a verify rounds each row as a one-row step does (`tests/models/test_quantized.py`).
 
