@@ -67,3 +67,66 @@ def test_the_head_runs_the_kernel_in_bf16_inference_and_autograd_in_training():
     bias, _ = head(prev)                                               # weights that train: autograd's matmul
     bias.sum().backward()
     assert head.markov_w2.weight.grad is not None and head.markov_w2.weight.grad.abs().sum() > 0
+
+
+def scored_rows(vocab: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """[6, vocab] logits: random, few distinct values (ties once the bias is 0), NaNs, all -inf, a late maximum,
+    a NaN in the last block"""
+    x = torch.randn(6, vocab, generator=g) * 4
+    x[1] = torch.randint(-2, 3, (vocab,), generator=g).float()
+    x[2, torch.randint(0, vocab, (2,), generator=g)] = float("nan")
+    x[3] = float("-inf")
+    x[4, -1] = 1e4
+    x[5, -1] = float("nan")
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("vocab,rank", [(5, 8), (200, 16), (4099, 64), (65536, 32)])
+def test_one_pass_greedy_step_picks_the_index_of_bias_add_and_argmax(vocab, rank, dtype):
+    g = torch.Generator().manual_seed(vocab + rank)
+    w = torch.randn(vocab, rank, generator=g).bfloat16()
+    e = torch.randn(6, rank, generator=g)
+    e[1] = 0.0                                                    # a zero bias: the logits' ties decide
+    logits = scored_rows(vocab, dtype, g)
+    want = (logits.float() + kernels.markov_bias(e, w, "portable")).argmax(-1)
+    for isa in runnable_isas():
+        assert torch.equal(kernels.markov_argmax(e, w, logits, isa), want), isa
+        assert torch.equal(kernels.markov_argmax(e[2:4], w, logits[2:4], isa), want[2:4]), isa
+    wide = torch.zeros(6, 3, vocab, dtype=dtype)
+    wide[:, 1] = logits                                           # a chain's slot: rows 3 * vocab apart
+    assert torch.equal(kernels.markov_argmax(e, w, wide[:, 1]), want)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(kernels.markov_argmax(e, w, logits), want)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_greedy_chain_takes_the_one_pass_step_and_picks_what_the_bias_gives():
+    from blockdraft.drafters.dspark import greedy_chain
+
+    head = MarkovHead(3000, 16)
+    with torch.no_grad():
+        head.markov_w1.weight.normal_()
+        head.markov_w2.weight.normal_(std=3.0)
+    head.bfloat16()
+    logits = torch.randn(2, 5, 3000, generator=torch.Generator().manual_seed(0)).bfloat16()
+    anchor = torch.tensor([4, 2999])
+    with torch.inference_mode():
+        chain = greedy_chain(logits, anchor, head)
+        prev, want = anchor, []
+        for i in range(5):                                        # bias, sum and argmax apart
+            bias, _ = head(prev)
+            prev = (logits[:, i].float() + bias).argmax(-1)
+            want.append(prev)
+        assert torch.equal(chain, torch.stack(want, 1))
+        calls = []
+        real = kernels.markov_argmax
+        kernels.markov_argmax = lambda *a, **k: calls.append(1) or real(*a, **k)
+        try:
+            greedy_chain(logits, anchor, head)
+        finally:
+            kernels.markov_argmax = real
+        assert len(calls) == 5

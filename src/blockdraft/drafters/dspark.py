@@ -85,6 +85,17 @@ class MarkovHead(nn.Module):
         bias = kernels.markov_bias(e, self.markov_w2.weight)     # bf16 inference on the CPU: W2 read as bf16
         return (F.linear(e, fp32_weight(self.markov_w2.weight)) if bias is None else bias), embed
 
+    def pick(self, prev: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A greedy chain's step: prev [b] -> argmax(logits + bias(prev)) [b] (output-layout ids; ties -> lowest)
+        and W1[prev] [b, r]. Over the whole vocabulary in one process, bf16 inference on the CPU takes the
+        bias, the sum and the argmax in one pass (`cpu_kernels.markov_argmax`: the same index)."""
+        embed = self.markov_w1(prev)
+        if not self.vocab.sharded and (picked := kernels.markov_argmax(embed.float(), self.markov_w2.weight,
+                                                                       logits)) is not None:
+            return picked, embed
+        bias, _ = self(prev)
+        return self.vocab.argmax(logits.float() + bias), embed
+
 
 class ConfidenceHead(nn.Module):
     """sigmoid(proj([hidden ‖ W1[prev]])) estimates P(slot accepted)."""
@@ -112,11 +123,11 @@ def markov_chain(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead, p
     ops = head.vocab
     prev, tokens, probs, embeds = anchor, [], [], []
     for i in range(logits.shape[1]):
-        bias, embed = head(prev)
-        slot_logits = logits[:, i].float() + bias                    # [b, vocab] (or [b, vocab / tp])
         if params.greedy:
-            prev = ops.argmax(slot_logits)
+            prev, embed = head.pick(prev, logits[:, i])
         else:
+            bias, embed = head(prev)
+            slot_logits = logits[:, i].float() + bias                # [b, vocab] (or [b, vocab / tp])
             probs.append(sampling_probs(ops.gather(slot_logits), params))
             prev = sample_from(probs[-1], generator)
         if to_target is not None:
@@ -131,9 +142,7 @@ def greedy_chain(logits: torch.Tensor, anchor: torch.Tensor, head: MarkovHead, t
     d_i = argmax(logits_i + W2(W1[d_{i-1}])), d_0's predecessor the anchor."""
     prev, out = anchor, []
     for i in range(logits.shape[1]):
-        bias, _ = head(prev)                                              # [b, V] (or this rank's shard)
-        slot = logits[:, i].float() + bias
-        pick = head.vocab.argmax(slot)              # vocab shards: a global argmax (ties -> lowest id)
+        pick, _ = head.pick(prev, logits[:, i])     # vocab shards: a global argmax (ties -> lowest id)
         out.append(pick)
         prev = pick if to_target is None else to_target(pick)
     return torch.stack(out, dim=1)

@@ -1842,15 +1842,59 @@ static int64_t argmax_row_avx512(const void *row, int bf16, int n) {
     return argmax_scan(row, bf16, full, n, top, first);
 }
 
+static int64_t argmax_row(const void *row, int bf16, int n, int isa) {
+    if (isa >= ISA_AVX512VNNI && n >= 16) return argmax_row_avx512(row, bf16, n);
+    int64_t nan_at = first_nan(row, bf16, n);
+    return nan_at >= 0 ? nan_at : argmax_scan(row, bf16, 1, n, argmax_at(row, bf16, 0), 0);
+}
+
 /* out[r] = argmax of row r (n values, bf16 or fp32, rows `stride` elements apart) */
 void bd_argmax(const void *x, int rows, int n, int64_t stride, int bf16, int64_t *out, int isa) {
     size_t size = bf16 ? 2 : 4;
-    for (int r = 0; r < rows; r++) {
-        const void *row = (const char *)x + (size_t)r * stride * size;
-        if (isa >= ISA_AVX512VNNI && n >= 16) out[r] = argmax_row_avx512(row, bf16, n);
-        else {
-            int64_t nan_at = first_nan(row, bf16, n);
-            out[r] = nan_at >= 0 ? nan_at : argmax_scan(row, bf16, 1, n, argmax_at(row, bf16, 0), 0);
+    for (int r = 0; r < rows; r++) out[r] = argmax_row((const char *)x + (size_t)r * stride * size, bf16, n, isa);
+}
+
+/* ---- one greedy step of DSpark's Markov chain: out[r] = argmax over v of logits[r, v] + (W2 e_r)[v] ----
+ * Each score is bd_markov_bias's sum for v and then one fp32 addition of the logit (bf16 widened exactly, or
+ * fp32): the values `logits.float() + bias` holds, and the index bd_argmax gives for them (the first NaN, else
+ * the first largest), without writing the [rows, V] fp32 rows between. Each 128-column block keeps its own
+ * first NaN or first largest value; the blocks are then folded in column order (a NaN wins, else strictly
+ * larger values), so the thread count does not change the result. Returns 0, or -1 without scratch memory. */
+int bd_markov_argmax(const float *e, int rows, int rank, const uint16_t *wb, int V, const void *logits,
+                     int64_t stride, int bf16, int64_t *out, int isa, int threads) {
+    int blocks = (V + MARKOV_BLOCK - 1) / MARKOV_BLOCK;
+    float *top = malloc(sizeof(float) * (size_t)rows * blocks);
+    int64_t *at = malloc(sizeof(int64_t) * (size_t)rows * blocks);
+    if (top == NULL || at == NULL) {
+        free(top), free(at);
+        return -1;
+    }
+    size_t size = bf16 ? 2 : 4;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int b = 0; b < blocks; b++) {
+        const uint16_t *w = wb + (size_t)b * rank * MARKOV_BLOCK;
+        int c0 = b * MARKOV_BLOCK, n = V - c0 < MARKOV_BLOCK ? V - c0 : MARKOV_BLOCK;
+        float acc[MARKOV_BLOCK];
+        for (int r = 0; r < rows; r++) {
+            const float *er = e + (size_t)r * rank;
+            const void *row = (const char *)logits + (size_t)r * stride * size;
+            if (isa >= ISA_AVX512VNNI) markov_block_avx512(er, rank, w, acc);
+            else if (isa == ISA_AVX2) markov_block_avx2(er, rank, w, acc);
+            else markov_block_portable(er, rank, w, acc);
+            for (int c = 0; c < n; c++) acc[c] = argmax_at(row, bf16, c0 + c) + acc[c];
+            int64_t i = argmax_row(acc, 0, n, isa);
+            top[(size_t)r * blocks + b] = acc[i];
+            at[(size_t)r * blocks + b] = c0 + i;
         }
     }
+    for (int r = 0; r < rows; r++) {
+        const float *t = top + (size_t)r * blocks;
+        const int64_t *a = at + (size_t)r * blocks;
+        int best = 0;
+        for (int b = 0; b < blocks && !isnan(t[best]); b++)
+            if (isnan(t[b]) || t[b] > t[best]) best = b;
+        out[r] = a[best];
+    }
+    free(top), free(at);
+    return 0;
 }

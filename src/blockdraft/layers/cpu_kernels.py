@@ -109,6 +109,8 @@ def library() -> ctypes.CDLL | None:
     lib.bd_markov_bias.argtypes = [ptr, i32, i32, ptr, i32, ptr, i32, i32]
     lib.bd_argmax.restype = None
     lib.bd_argmax.argtypes = [ptr, i32, i32, i64, i32, ptr, i32]
+    lib.bd_markov_argmax.restype = ctypes.c_int
+    lib.bd_markov_argmax.argtypes = [ptr, i32, i32, ptr, i32, ptr, i64, i32, ptr, i32, i32]
     return lib
 
 
@@ -371,6 +373,21 @@ def delta_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     return out, final, per_row
 
 
+def _markov_operands(embed: torch.Tensor, weight: torch.Tensor):
+    """(embed rows [rows, rank], W2 in `markov_blocks`' layout, threads) for the Markov kernels, or None where
+    they do not apply: not a bf16 weight on the CPU, autograd recording, no kernel."""
+    if (weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or embed.dtype != torch.float32
+            or library() is None or (torch.is_grad_enabled() and (weight.requires_grad or embed.requires_grad))):
+        return None
+    vocab, rank = weight.shape
+    blocked = cached_on(weight, "_markov_blocks", None, markov_blocks)         # [V / 128, rank, 128] bf16
+    flat = embed.reshape(-1, rank).contiguous()                                 # [rows, rank]
+    # a thread per MARKOV_WORK multiply-adds at most: the pruned vocabularies' bias (~1M) is over before a
+    # second thread would start, and a thread the machine has lent elsewhere stalls the whole call
+    threads = max(1, min(torch.get_num_threads(), flat.shape[0] * vocab * rank // MARKOV_WORK))
+    return flat, blocked, threads
+
+
 def markov_bias(embed: torch.Tensor, weight: torch.Tensor, isa: str | None = None) -> torch.Tensor | None:
     """DSpark's Markov bias W2 · e for inference (`bd_markov_bias`): embed [.., rank] fp32, weight [V, rank]
     bf16 -> [.., V] fp32, each output the fused multiply-adds of its rank terms in order (the same bits on
@@ -378,20 +395,40 @@ def markov_bias(embed: torch.Tensor, weight: torch.Tensor, isa: str | None = Non
     blocks of 128 columns cached on the weight (`markov_blocks`; half the bytes of the fp32 weight
     PyTorch's matmul would read). None where it does not apply: not a bf16 weight on the CPU, autograd
     recording, no kernel."""
-    if (weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or embed.dtype != torch.float32
-            or library() is None or (torch.is_grad_enabled() and (weight.requires_grad or embed.requires_grad))):
+    if (operands := _markov_operands(embed, weight)) is None:
         return None
+    flat, blocked, threads = operands
     vocab, rank = weight.shape
-    blocked = cached_on(weight, "_markov_blocks", None, markov_blocks)         # [V / 128, rank, 128] bf16
-    flat = embed.reshape(-1, rank).contiguous()                                 # [rows, rank]
     out = torch.empty(flat.shape[0], vocab)                                     # [rows, V]
     if flat.shape[0]:
-        # a thread per MARKOV_WORK multiply-adds at most: the pruned vocabularies' bias (~1M) is over before a
-        # second thread would start, and a thread the machine has lent elsewhere stalls the whole call
-        threads = max(1, min(torch.get_num_threads(), flat.shape[0] * vocab * rank // MARKOV_WORK))
         library().bd_markov_bias(flat.data_ptr(), flat.shape[0], rank, blocked.data_ptr(), vocab, out.data_ptr(),
                                  _isa_code(isa), threads)
     return out.view(*embed.shape[:-1], vocab)
+
+
+def markov_argmax(embed: torch.Tensor, weight: torch.Tensor, logits: torch.Tensor,
+                  isa: str | None = None) -> torch.Tensor | None:
+    """One greedy step of DSpark's Markov chain in one pass (`bd_markov_argmax`): embed [rows, rank] fp32,
+    weight [V, rank] bf16, logits [rows, V] bf16 or fp32 (rows any stride) -> [rows] int64, the index
+    `argmax(logits.float() + markov_bias(embed, weight))` gives (the same sums, one fp32 addition, torch's
+    argmax rule: the first NaN, else the first largest), without the [rows, V] fp32 rows between (a slot of
+    a 65,536-id chain: ~0.3 ms less). None where `markov_bias` does not apply or the logits are not bf16 or
+    fp32 rows of V on the CPU."""
+    if (logits.dtype not in (torch.bfloat16, torch.float32) or logits.device.type != "cpu" or logits.dim() != 2
+            or embed.dim() != 2 or logits.shape != (embed.shape[0], weight.shape[0])
+            or (torch.is_grad_enabled() and logits.requires_grad) or torch.onnx.is_in_onnx_export()
+            or torch.jit.is_tracing() or (operands := _markov_operands(embed, weight)) is None):
+        return None
+    flat, blocked, threads = operands
+    vocab, rank = weight.shape
+    rows = logits if logits.stride(-1) == 1 else logits.contiguous()
+    out = torch.empty(flat.shape[0], dtype=torch.int64)
+    if flat.shape[0] and library().bd_markov_argmax(flat.data_ptr(), flat.shape[0], rank, blocked.data_ptr(), vocab,
+                                                    rows.data_ptr(), rows.stride(0),
+                                                    int(logits.dtype == torch.bfloat16), out.data_ptr(),
+                                                    _isa_code(isa), threads):
+        return None
+    return out
 
 
 def argmax(x: torch.Tensor, isa: str | None = None) -> torch.Tensor | None:
