@@ -38,17 +38,21 @@ def test_every_isa_gives_the_portable_bits_at_any_row_count(vocab, rank):
             assert torch.equal(kernels.markov_bias(e[:rows], w, isa), portable[:rows]), (isa, rows)
 
 
+def on_threads(n: int, call):
+    """call() with torch's thread count set to n (the kernels take theirs from it)."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(n)
+        return call()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_thread_count_does_not_change_the_bits():
     g = torch.Generator().manual_seed(1)
     w, e = torch.randn(5000, 64, generator=g).bfloat16(), torch.randn(3, 64, generator=g)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = kernels.markov_bias(e, w)
-        torch.set_num_threads(2)
-        assert torch.equal(kernels.markov_bias(e, w), one)
-    finally:
-        torch.set_num_threads(threads)
+    one = on_threads(1, lambda: kernels.markov_bias(e, w))
+    assert torch.equal(on_threads(2, lambda: kernels.markov_bias(e, w)), one)
 
 
 def test_the_head_runs_the_kernel_in_bf16_inference_and_autograd_in_training():
@@ -96,12 +100,8 @@ def test_one_pass_greedy_step_picks_the_index_of_bias_add_and_argmax(vocab, rank
     wide = torch.zeros(6, 3, vocab, dtype=dtype)
     wide[:, 1] = logits                                           # a chain's slot: rows 3 * vocab apart
     assert torch.equal(kernels.markov_argmax(e, w, wide[:, 1]), want)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(kernels.markov_argmax(e, w, logits), want)
-    finally:
-        torch.set_num_threads(threads)
+    assert torch.equal(on_threads(1, lambda: kernels.markov_argmax(e, w, logits)), want)
+    assert torch.equal(on_threads(2, lambda: kernels.markov_argmax(e, w, logits)), want)
 
 
 def test_greedy_chain_takes_the_one_pass_step_and_picks_what_the_bias_gives():

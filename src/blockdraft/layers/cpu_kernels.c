@@ -1773,6 +1773,13 @@ static void markov_block_avx512(const float *e, int rank, const uint16_t *wb, fl
     for (int j = 0; j < 8; j++) _mm512_storeu_ps(acc + 16 * j, a[j]);
 }
 
+/* row e's 128 sums of one block, on the path `isa` names */
+static void markov_block(const float *e, int rank, const uint16_t *wb, float acc[MARKOV_BLOCK], int isa) {
+    if (isa >= ISA_AVX512VNNI) markov_block_avx512(e, rank, wb, acc);
+    else if (isa == ISA_AVX2) markov_block_avx2(e, rank, wb, acc);
+    else markov_block_portable(e, rank, wb, acc);
+}
+
 void bd_markov_bias(const float *e, int rows, int rank, const uint16_t *wb, int V, float *out, int isa, int threads) {
     int blocks = (V + MARKOV_BLOCK - 1) / MARKOV_BLOCK;
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -1781,10 +1788,7 @@ void bd_markov_bias(const float *e, int rows, int rank, const uint16_t *wb, int 
         int c0 = b * MARKOV_BLOCK, n = V - c0 < MARKOV_BLOCK ? V - c0 : MARKOV_BLOCK;
         float acc[MARKOV_BLOCK];
         for (int r = 0; r < rows; r++) {
-            const float *er = e + (size_t)r * rank;
-            if (isa >= ISA_AVX512VNNI) markov_block_avx512(er, rank, w, acc);
-            else if (isa == ISA_AVX2) markov_block_avx2(er, rank, w, acc);
-            else markov_block_portable(er, rank, w, acc);
+            markov_block(e + (size_t)r * rank, rank, w, acc, isa);
             memcpy(out + (size_t)r * V + c0, acc, sizeof(float) * n);
         }
     }
@@ -1876,11 +1880,8 @@ int bd_markov_argmax(const float *e, int rows, int rank, const uint16_t *wb, int
         int c0 = b * MARKOV_BLOCK, n = V - c0 < MARKOV_BLOCK ? V - c0 : MARKOV_BLOCK;
         float acc[MARKOV_BLOCK];
         for (int r = 0; r < rows; r++) {
-            const float *er = e + (size_t)r * rank;
             const void *row = (const char *)logits + (size_t)r * stride * size;
-            if (isa >= ISA_AVX512VNNI) markov_block_avx512(er, rank, w, acc);
-            else if (isa == ISA_AVX2) markov_block_avx2(er, rank, w, acc);
-            else markov_block_portable(er, rank, w, acc);
+            markov_block(e + (size_t)r * rank, rank, w, acc, isa);
             for (int c = 0; c < n; c++) acc[c] = argmax_at(row, bf16, c0 + c) + acc[c];
             int64_t i = argmax_row(acc, 0, n, isa);
             top[(size_t)r * blocks + b] = acc[i];
