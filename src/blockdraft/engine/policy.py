@@ -17,8 +17,10 @@ so no width's cost stays above a wider width's measured cost: an estimate that d
 slow spell and is lowered to it (else a plain step measured 70x too dear — one was, in a persisted
 state — would never be looked at again: its expected loss would always exceed the look budget).
 The widest width is tried `WIDE_TRIES` times per process, one after another (it measures every
-slot's acceptance; one step is too few to judge the deep slots by, and the first drafting step
-also pays one-time costs).
+slot's acceptance; one step is too few to judge the deep slots by), and its cost is the cheapest of
+those steps: the first drafting step pays one-time costs, and the engine's thread choice may time
+another thread count on the next (measured on the LFM2-1.2B shape: 146 and 174 ms, then 104 ms a
+step; their running estimate, ~1.4x the warm cost, kept a drafter that paid 1.35x on plain steps).
 
 A drafting width must also win against the plain step's lowest cost among its last `PLAIN_LOW`
 samples, not only against its running estimate: a slow spell raises that estimate (and the rule
@@ -29,10 +31,15 @@ requests at 0.86x of plain decoding).
 
 Exploration has a budget: every step earns `explore_share` of its time as credit, and a look at
 a width next to the best one (a plain step among them while drafting, so its cost is not left
-stale) is taken only when the credit covers what the look is expected to lose against the best
-width, and at most once in `min_gap` steps. So a drafter that cannot pay here costs at most
-~`explore_share` of decoding time, and a machine whose verify is cheap (AMX) drafts wide while
-one whose verify is dear (emulated bf16, large batches) drafts narrow or not at all.
+stale; the widest among them while plain, since a look at width 1 measures slot 1 alone and the
+deep slots' estimates may rest on a few unlucky measuring steps) is taken only when the credit
+covers what the look is expected to lose against the best width, and at most once in `min_gap`
+steps. A look also writes the drafter context the plain
+steps before it owed, which its expected loss leaves out, so a drafter that cannot pay here costs
+a few times `explore_share` of decoding time (measured at 0.01: 2-4%); a smaller share looks less
+often and so finds a paying width later after three unlucky measuring steps (docs/benchmarks.md).
+A machine whose verify is cheap (AMX) drafts wide while one whose verify is dear (emulated bf16,
+large batches) drafts narrow or not at all.
 
 What a policy measured can be kept per machine (`state`/`restore`; `LLMEngine(policy_file=...)`,
 which `generate` and `serve` use): a new process then starts from the costs and acceptance an
@@ -129,6 +136,8 @@ class DraftWidthPolicy:
         near = self.widths[max(0, at - 1):at] + self.widths[at + 1:at + 2]
         if best and 0 not in near:           # keep the plain step's cost fresh too: measured once in a slow
             near.append(0)                   # spell and never again, it would keep a losing width drafting
+        if not best and self.max_width not in near:   # and while plain, the widest: a look at width 1 measures
+            near.append(self.max_width)               # slot 1 only, and the deep slots' few samples may be unlucky
         look = near[self.looks[b] % len(near)]
         cost = self._cost(b, look)
         loss = self.cost[(b, 0)] if cost is None else cost - self.expected_tokens(look) / rate[best]
@@ -172,9 +181,13 @@ class DraftWidthPolicy:
     def record(self, batch: int, width: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
         """One decode step: its time at `width`, and each sequence's drafted / accepted counts."""
         key = (self.bucket(batch), width)
+        measuring = width == self.max_width and self.wide_steps < WIDE_TRIES
         self.wide_steps += width == self.max_width
         old = self.cost.get(key)
-        self.cost[key] = seconds if old is None else old + (0.5 if seconds < old else 0.25) * (seconds - old)
+        if old is None or measuring:
+            self.cost[key] = seconds if old is None else min(old, seconds)
+        else:
+            self.cost[key] = old + (0.5 if seconds < old else 0.25) * (seconds - old)
         if width == 0:
             self.plain_recent[key[0]].append(seconds)
         self._monotone(key[0])
