@@ -1733,67 +1733,6 @@ void bd_delta_rule(const float *state, const float *q, const float *k, const flo
     }
 }
 
-/* ---- DSpark's Markov bias for inference: out[r, v] = sum over k = 0..rank-1, in order, of e[r, k] * W2[v, k] ----
- * fp32, every term added by one fused multiply-add (acc = fma(e[r, k], W2[v, k], acc), acc from +0), W2 read
- * as bf16: each output is that one chain of operations, so the AVX512, AVX2 and portable spellings give the
- * same bits, whatever the row count, the thread count or the column tiling. Weight layout (written by
- * layers/cpu_kernels.py): blocks of 128 columns, each block's rank x 128 values contiguous (wb[block][k][c]),
- * the last block padded with zero columns, so a block streams from memory in order. */
-#define MARKOV_BLOCK 128
-
-static void markov_block_portable(const float *e, int rank, const uint16_t *wb, float acc[MARKOV_BLOCK]) {
-    for (int c = 0; c < MARKOV_BLOCK; c++) acc[c] = 0.0f;
-    for (int k = 0; k < rank; k++)
-        for (int c = 0; c < MARKOV_BLOCK; c++) acc[c] = fmaf(e[k], bf16_to_f32(wb[k * MARKOV_BLOCK + c]), acc[c]);
-}
-
-__attribute__((target("avx2,fma")))
-static void markov_block_avx2(const float *e, int rank, const uint16_t *wb, float acc[MARKOV_BLOCK]) {
-    for (int h = 0; h < MARKOV_BLOCK; h += 64) {          /* 64 columns at a time: 8 accumulators */
-        __m256 a[8];
-        for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
-        for (int k = 0; k < rank; k++) {
-            __m256 ek = _mm256_set1_ps(e[k]);
-            const uint16_t *w = wb + k * MARKOV_BLOCK + h;
-            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(ek, load8_bf16(w + 8 * j), a[j]);
-        }
-        for (int j = 0; j < 8; j++) _mm256_storeu_ps(acc + h + 8 * j, a[j]);
-    }
-}
-
-__attribute__((target("avx512f,avx512bw,avx2,fma")))
-static void markov_block_avx512(const float *e, int rank, const uint16_t *wb, float acc[MARKOV_BLOCK]) {
-    __m512 a[8];                                           /* the block's 128 columns */
-    for (int j = 0; j < 8; j++) a[j] = _mm512_setzero_ps();
-    for (int k = 0; k < rank; k++) {
-        __m512 ek = _mm512_set1_ps(e[k]);
-        const uint16_t *w = wb + k * MARKOV_BLOCK;
-        for (int j = 0; j < 8; j++) a[j] = _mm512_fmadd_ps(ek, load16_bf16(w + 16 * j), a[j]);
-    }
-    for (int j = 0; j < 8; j++) _mm512_storeu_ps(acc + 16 * j, a[j]);
-}
-
-/* row e's 128 sums of one block, on the path `isa` names */
-static void markov_block(const float *e, int rank, const uint16_t *wb, float acc[MARKOV_BLOCK], int isa) {
-    if (isa >= ISA_AVX512VNNI) markov_block_avx512(e, rank, wb, acc);
-    else if (isa == ISA_AVX2) markov_block_avx2(e, rank, wb, acc);
-    else markov_block_portable(e, rank, wb, acc);
-}
-
-void bd_markov_bias(const float *e, int rows, int rank, const uint16_t *wb, int V, float *out, int isa, int threads) {
-    int blocks = (V + MARKOV_BLOCK - 1) / MARKOV_BLOCK;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int b = 0; b < blocks; b++) {
-        const uint16_t *w = wb + (size_t)b * rank * MARKOV_BLOCK;
-        int c0 = b * MARKOV_BLOCK, n = V - c0 < MARKOV_BLOCK ? V - c0 : MARKOV_BLOCK;
-        float acc[MARKOV_BLOCK];
-        for (int r = 0; r < rows; r++) {
-            markov_block(e + (size_t)r * rank, rank, w, acc, isa);
-            memcpy(out + (size_t)r * V + c0, acc, sizeof(float) * n);
-        }
-    }
-}
-
 /* ---- argmax over the last dimension, as torch's: the first NaN of a row if it has one, else the first of
  * its largest values (ties -> lowest index) ---- */
 
@@ -1858,6 +1797,84 @@ void bd_argmax(const void *x, int rows, int n, int64_t stride, int bf16, int64_t
     for (int r = 0; r < rows; r++) out[r] = argmax_row((const char *)x + (size_t)r * stride * size, bf16, n, isa);
 }
 
+/* ---- DSpark's Markov bias for inference: out[r, v] = sum over k = 0..rank-1, in order, of e[r, k] * W2[v, k] ----
+ * fp32, every term added by one fused multiply-add (acc = fma(e[r, k], W2[v, k], acc), acc from +0), W2 read
+ * as bf16: each output is that one chain of operations, so the AVX512, AVX2 and portable spellings give the
+ * same bits, whatever the row count, the thread count or the column tiling. Weight layout (written by
+ * layers/cpu_kernels.py): blocks of 128 columns, each block's rank x 128 values contiguous (wb[block][k][c]),
+ * the last block padded with zero columns, so a block streams from memory in order. */
+#define MARKOV_BLOCK 128
+
+static void markov_block_portable(const float *e, int rank, const uint16_t *wb, float acc[MARKOV_BLOCK]) {
+    for (int c = 0; c < MARKOV_BLOCK; c++) acc[c] = 0.0f;
+    for (int k = 0; k < rank; k++)
+        for (int c = 0; c < MARKOV_BLOCK; c++) acc[c] = fmaf(e[k], bf16_to_f32(wb[k * MARKOV_BLOCK + c]), acc[c]);
+}
+
+__attribute__((target("avx2,fma")))
+static void markov_block_avx2(const float *e, int rank, const uint16_t *wb, float acc[MARKOV_BLOCK]) {
+    for (int h = 0; h < MARKOV_BLOCK; h += 64) {          /* 64 columns at a time: 8 accumulators */
+        __m256 a[8];
+        for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+        for (int k = 0; k < rank; k++) {
+            __m256 ek = _mm256_set1_ps(e[k]);
+            const uint16_t *w = wb + k * MARKOV_BLOCK + h;
+            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(ek, load8_bf16(w + 8 * j), a[j]);
+        }
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(acc + h + 8 * j, a[j]);
+    }
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,fma")))
+static void markov_block_avx512(const float *e, int rank, const uint16_t *wb, float acc[MARKOV_BLOCK]) {
+    __m512 a[8];                                           /* the block's 128 columns */
+    for (int j = 0; j < 8; j++) a[j] = _mm512_setzero_ps();
+    for (int k = 0; k < rank; k++) {
+        __m512 ek = _mm512_set1_ps(e[k]);
+        const uint16_t *w = wb + k * MARKOV_BLOCK;
+        for (int j = 0; j < 8; j++) a[j] = _mm512_fmadd_ps(ek, load16_bf16(w + 16 * j), a[j]);
+    }
+    for (int j = 0; j < 8; j++) _mm512_storeu_ps(acc + 16 * j, a[j]);
+}
+
+/* row e's 128 sums of one block, on the path `isa` names */
+static void markov_block(const float *e, int rank, const uint16_t *wb, float acc[MARKOV_BLOCK], int isa) {
+    if (isa >= ISA_AVX512VNNI) markov_block_avx512(e, rank, wb, acc);
+    else if (isa == ISA_AVX2) markov_block_avx2(e, rank, wb, acc);
+    else markov_block_portable(e, rank, wb, acc);
+}
+
+/* Every row's 128 sums of every block, each block once from memory, then per row either copied to out [rows, V]
+ * (the bias) or, where out is NULL, added to the row's logits (bf16 or fp32, rows `stride` elements apart) with
+ * the block's first NaN or first largest sum and where it is kept in top / at [rows, blocks] (bd_markov_argmax) */
+static void markov_pass(const float *e, int rows, int rank, const uint16_t *wb, int V, int isa, int threads, float *out,
+                        const void *logits, int64_t stride, int bf16, float *top, int64_t *at) {
+    int blocks = (V + MARKOV_BLOCK - 1) / MARKOV_BLOCK;
+    size_t size = bf16 ? 2 : 4;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int b = 0; b < blocks; b++) {
+        const uint16_t *w = wb + (size_t)b * rank * MARKOV_BLOCK;
+        int c0 = b * MARKOV_BLOCK, n = V - c0 < MARKOV_BLOCK ? V - c0 : MARKOV_BLOCK;
+        float acc[MARKOV_BLOCK];
+        for (int r = 0; r < rows; r++) {
+            markov_block(e + (size_t)r * rank, rank, w, acc, isa);
+            if (out != NULL) {
+                memcpy(out + (size_t)r * V + c0, acc, sizeof(float) * n);
+                continue;
+            }
+            const void *row = (const char *)logits + (size_t)r * stride * size;
+            for (int c = 0; c < n; c++) acc[c] = argmax_at(row, bf16, c0 + c) + acc[c];
+            int64_t i = argmax_row(acc, 0, n, isa);
+            top[(size_t)r * blocks + b] = acc[i];
+            at[(size_t)r * blocks + b] = c0 + i;
+        }
+    }
+}
+
+void bd_markov_bias(const float *e, int rows, int rank, const uint16_t *wb, int V, float *out, int isa, int threads) {
+    markov_pass(e, rows, rank, wb, V, isa, threads, out, NULL, 0, 0, NULL, NULL);
+}
+
 /* ---- one greedy step of DSpark's Markov chain: out[r] = argmax over v of logits[r, v] + (W2 e_r)[v] ----
  * Each score is bd_markov_bias's sum for v and then one fp32 addition of the logit (bf16 widened exactly, or
  * fp32): the values `logits.float() + bias` holds, and the index bd_argmax gives for them (the first NaN, else
@@ -1873,21 +1890,7 @@ int bd_markov_argmax(const float *e, int rows, int rank, const uint16_t *wb, int
         free(top), free(at);
         return -1;
     }
-    size_t size = bf16 ? 2 : 4;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int b = 0; b < blocks; b++) {
-        const uint16_t *w = wb + (size_t)b * rank * MARKOV_BLOCK;
-        int c0 = b * MARKOV_BLOCK, n = V - c0 < MARKOV_BLOCK ? V - c0 : MARKOV_BLOCK;
-        float acc[MARKOV_BLOCK];
-        for (int r = 0; r < rows; r++) {
-            const void *row = (const char *)logits + (size_t)r * stride * size;
-            markov_block(e + (size_t)r * rank, rank, w, acc, isa);
-            for (int c = 0; c < n; c++) acc[c] = argmax_at(row, bf16, c0 + c) + acc[c];
-            int64_t i = argmax_row(acc, 0, n, isa);
-            top[(size_t)r * blocks + b] = acc[i];
-            at[(size_t)r * blocks + b] = c0 + i;
-        }
-    }
+    markov_pass(e, rows, rank, wb, V, isa, threads, NULL, logits, stride, bf16, top, at);
     for (int r = 0; r < rows; r++) {
         const float *t = top + (size_t)r * blocks;
         const int64_t *a = at + (size_t)r * blocks;
