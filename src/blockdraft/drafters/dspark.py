@@ -69,9 +69,10 @@ class MarkovHead(nn.Module):
     W1 is read at the previous token's target id; W2 scores the draft vocabulary (the whole
     vocabulary unless the drafter prunes it). A bf16 drafter on the CPU computes it with
     `cpu_kernels.markov_bias` (W2 read as bf16, each output's rank terms fused-multiply-added in
-    order: the same bits at any batch; a greedy chain runs it once per slot over the whole
-    vocabulary, so its bytes are most of a drafting step's Markov cost); elsewhere, and while
-    training, PyTorch's fp32 matmul (the two agree to fp32 rounding)."""
+    order: the same bits at any batch; a greedy chain reads W2 once per slot over the whole
+    vocabulary, `pick` taking the bias, the sum and the argmax in that one pass, so W2's bytes are
+    most of a drafting step's Markov cost); elsewhere, and while training, PyTorch's fp32 matmul
+    (the two agree to fp32 rounding)."""
 
     def __init__(self, vocab: int, rank: int, out_vocab: int | None = None):
         super().__init__()

@@ -20,7 +20,8 @@ The widest width is tried `WIDE_TRIES` times per process, one after another (it 
 slot's acceptance; one step is too few to judge the deep slots by), and its cost is the cheapest of
 those steps: the first drafting step pays one-time costs, and the engine's thread choice may time
 another thread count on the next (measured on the LFM2-1.2B shape: 146 and 174 ms, then 104 ms a
-step; their running estimate, ~1.4x the warm cost, kept a drafter that paid 1.35x on plain steps).
+step; the running estimate of the three was ~1.5x the warm cost, and every drafting width interpolated
+from it looked that much dearer).
 
 A drafting width must also win against the plain step's lowest cost among its last `PLAIN_LOW`
 samples, not only against its running estimate: a slow spell raises that estimate (and the rule
@@ -34,10 +35,10 @@ a width next to the best one (a plain step among them while drafting, so its cos
 stale; the widest among them while plain, since a look at width 1 measures slot 1 alone and the
 deep slots' estimates may rest on a few unlucky measuring steps) is taken only when the credit
 covers what the look is expected to lose against the best width, and at most once in `min_gap`
-steps. A look also writes the drafter context the plain
-steps before it owed, which its expected loss leaves out, so a drafter that cannot pay here costs
-a few times `explore_share` of decoding time (measured at 0.01: 2-4%); a smaller share looks less
-often and so finds a paying width later after three unlucky measuring steps (docs/benchmarks.md).
+steps. A look also writes the drafter context the plain steps before it owed, which its expected
+loss leaves out, so a drafter that cannot pay here costs a few times `explore_share` of decoding
+time (measured at 0.01: 1.5-4%); a smaller share looks less often, and so finds a paying width
+later after unlucky measuring steps (docs/benchmarks.md).
 A machine whose verify is cheap (AMX) drafts wide while one whose verify is dear (emulated bf16,
 large batches) drafts narrow or not at all.
 
