@@ -151,12 +151,13 @@ def test_confidence_threshold_in_batch_is_lossless(target, drafters, single_stre
 
 def test_policy_skipping_drafts_keeps_greedy_output(target, drafters, single_stream):
     engine = LLMEngine(target, drafters["dflash"], TIGHT)
-    for b in (1, 2, 4, 8):                                                # pretend drafting is very slow
-        engine.policy.cost.update({(b, w): 1.0 + 10.0 * (w > 0) for w in engine.policy.widths})
+    record = engine.policy.record                                         # pretend drafting is very slow
+    engine.policy.record = lambda batch, width, s, *counts: record(batch, width, s + 10.0 * (width > 0), *counts)
     engine.policy.min_gap = 10 ** 6
     outs = engine.generate(PROMPTS[:12], PARAMS[:12])
     assert [o.token_ids for o in outs] == single_stream[:12]
-    assert engine.stats.spec.drafted < engine.stats.spec.verify_steps   # most steps did not draft
+    spec = engine.stats.spec                                              # the widest's tries drafted, then
+    assert 0 < spec.position_attempts[0] < spec.verify_steps / 2          # most sequence-steps did not
 
 
 def test_sliding_window_drafter_uses_the_ring(target, drafters, single_stream):
