@@ -71,3 +71,21 @@ def random_prompts(n: int, seed: int, vocab: int = 124, low: int = 3, high: int 
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(low, high, (n,), generator=g)
     return [torch.randint(0, vocab, (int(k),), generator=g).tolist() for k in lengths]
+
+
+def runnable_isas() -> list[str]:
+    """The CPU kernels' instruction-set paths this machine runs (portable first, its best last)."""
+    from blockdraft.layers import cpu_kernels as kernels
+
+    best = kernels.ISAS[kernels.best_isa()]
+    return [isa for isa, code in kernels.ISAS.items() if code <= best]
+
+
+def on_threads(n: int, call):
+    """call() with torch's thread count set to n (the kernels take theirs from it), then set back."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(n)
+        return call()
+    finally:
+        torch.set_num_threads(threads)

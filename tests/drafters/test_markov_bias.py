@@ -8,6 +8,7 @@ from torch.nn import functional as F
 
 from blockdraft.drafters.dspark import MarkovHead
 from blockdraft.layers import cpu_kernels as kernels
+from conftest import on_threads, runnable_isas
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C compiler: the head runs PyTorch's matmul")
 
@@ -17,11 +18,6 @@ def assert_within_fp32_rounding(out: torch.Tensor, e: torch.Tensor, w: torch.Ten
     rank * 2^-23 of the sum of the terms' magnitudes."""
     bound = e.shape[-1] * 2.0 ** -23 * F.linear(e.abs(), w.float().abs())
     assert ((out - F.linear(e, w.float())).abs() <= bound).all()
-
-
-def runnable_isas() -> list[str]:
-    best = kernels.ISAS[kernels.best_isa()]
-    return [isa for isa, code in kernels.ISAS.items() if code <= best]
 
 
 @pytest.mark.parametrize("vocab,rank", [(1000, 48), (12288, 64), (4099, 128), (8200, 128)])   # the last: 2 MiB pages
@@ -36,16 +32,6 @@ def test_every_isa_gives_the_portable_bits_at_any_row_count(vocab, rank):
         assert torch.equal(kernels.markov_bias(e, w, isa), portable), isa
         for rows in (1, 2, 5):
             assert torch.equal(kernels.markov_bias(e[:rows], w, isa), portable[:rows]), (isa, rows)
-
-
-def on_threads(n: int, call):
-    """call() with torch's thread count set to n (the kernels take theirs from it)."""
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(n)
-        return call()
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_thread_count_does_not_change_the_bits():

@@ -7,13 +7,9 @@ import torch
 
 from blockdraft.layers import cpu_kernels as kernels
 from blockdraft.layers.vocab import argmax_ids
+from conftest import runnable_isas
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C compiler: torch's argmax runs")
-
-
-def runnable_isas() -> list[str]:
-    best = kernels.ISAS[kernels.best_isa()]
-    return [isa for isa, code in kernels.ISAS.items() if code <= best]
 
 
 def hard_rows(n: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:

@@ -16,7 +16,7 @@ from blockdraft.llm import LLM
 from blockdraft.numerics import cpu_flags
 from blockdraft.loading import load_drafter, load_target
 from blockdraft.sampling.params import SamplingParams
-from conftest import ASSETS, DRAFTER_NAMES, random_prompts
+from conftest import ASSETS, DRAFTER_NAMES, on_threads, random_prompts, runnable_isas
 
 PROMPTS = random_prompts(4, seed=81)
 KERNELS = ["qgemm", "torch"]
@@ -57,19 +57,15 @@ def test_own_kernel_gives_the_same_bits_on_every_instruction_set_and_thread_coun
     x = (torch.randn(11, k, generator=g) * torch.logspace(-3, 1, k)).bfloat16()
     x[10, :32] = torch.tensor([32512.0, -32512.0] + [s * (i + 0.5) for i in range(15) for s in (1, -1)])   # scale 1:
     x[10, 32:64] = torch.tensor([0.0, 1e-30] + [-0.0] * 30)                               # ties; tiny; zeros
-    isas = [i for i in kernels.ISAS if kernels.ISAS[i] <= kernels.ISAS[kernels.best_isa()]]
+    isas = runnable_isas()
     outs = {isa: kernels.matmul(x, packed, scales, bits, n, isa, act_bits=act_bits) for isa in isas}
     for isa in isas:
         assert torch.equal(outs[isa], outs["portable"]), isa
         for rows in range(1, 11):               # the VNNI path's passes of 1..9 rows (each its own code), 9 + 1
             assert torch.equal(kernels.matmul(x[:rows], packed, scales, bits, n, isa, act_bits=act_bits),
                                outs["portable"][:rows]), (isa, rows)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        assert torch.equal(kernels.matmul(x, packed, scales, bits, n, act_bits=act_bits), outs["portable"])
-    finally:
-        torch.set_num_threads(threads)
+    assert torch.equal(on_threads(2, lambda: kernels.matmul(x, packed, scales, bits, n, act_bits=act_bits)),
+                       outs["portable"])
     # what the kernel computes: the stored weight against the activations rounded to 16 (or 8) bits per 32
     groups = x.float().view(11, k // 32, 32)
     dx = groups.abs().amax(-1, keepdim=True) / (32512 if act_bits == 16 else 127)

@@ -14,6 +14,7 @@ from torch.nn import functional as F
 from blockdraft.cache.views import causal_visibility
 from blockdraft.layers.attention import attend
 from blockdraft.layers.linear import stable_linear
+from conftest import on_threads, runnable_isas
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -87,14 +88,8 @@ def test_cpu_attention_kernel_same_bits_on_every_instruction_set(h, hkv, d):
     vis = causal_visibility(torch.tensor([[40, 41, 42, 43, 44], [80, 81, 82, 83, 84]]),
                             torch.arange(90).expand(2, 90))
     vis[1, 0, 2] = False                                              # a row that sees nothing
-    isas = [i for i in kernels.ISAS if kernels.ISAS[i] <= kernels.ISAS[kernels.best_isa()]]
-    outs = {isa: kernels.attend(q, k, v, vis, 0.2, isa) for isa in isas}
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        outs["2 threads"] = kernels.attend(q, k, v, vis, 0.2)
-    finally:
-        torch.set_num_threads(threads)
+    outs = {isa: kernels.attend(q, k, v, vis, 0.2, isa) for isa in runnable_isas()}
+    outs["2 threads"] = on_threads(2, lambda: kernels.attend(q, k, v, vis, 0.2))
     for isa in outs:
         assert torch.equal(outs[isa], outs["portable"]), isa
     assert torch.equal(outs["portable"][1, 2], torch.zeros(h * d).bfloat16())
@@ -117,13 +112,7 @@ def test_cpu_attention_kernel_rows_together_same_bits_as_one_at_a_time(threads):
     vis = causal_visibility(q_pos, torch.arange(300)[None], window=50)
     vis[0, 0, 3] = False                                              # a row that sees nothing
     vis[0, 0, :, 250] = False                                         # a key inside the window no row sees
-    saved = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        outs = {isa: kernels.attend(q, k, v, vis, 0.2, isa) for isa in kernels.ISAS
-                if kernels.ISAS[isa] <= kernels.ISAS[kernels.best_isa()]}
-    finally:
-        torch.set_num_threads(saved)
+    outs = on_threads(threads, lambda: {isa: kernels.attend(q, k, v, vis, 0.2, isa) for isa in runnable_isas()})
     for isa, out in outs.items():
         assert torch.equal(out.view(torch.int16), outs["portable"].view(torch.int16)), isa
     assert torch.equal(outs["portable"][0, 3], torch.zeros(9 * 64).bfloat16())

@@ -82,20 +82,22 @@ class MarkovHead(nn.Module):
 
     def forward(self, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         embed = self.markov_w1(prev)
-        e = embed.float()
+        return self._bias(embed.float()), embed
+
+    def _bias(self, e: torch.Tensor) -> torch.Tensor:
+        """W2 e: [.., r] fp32 -> [.., out_vocab] fp32"""
         bias = kernels.markov_bias(e, self.markov_w2.weight)     # bf16 inference on the CPU: W2 read as bf16
-        return (F.linear(e, fp32_weight(self.markov_w2.weight)) if bias is None else bias), embed
+        return F.linear(e, fp32_weight(self.markov_w2.weight)) if bias is None else bias
 
     def pick(self, prev: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A greedy chain's step: prev [b] -> argmax(logits + bias(prev)) [b] (output-layout ids; ties -> lowest)
         and W1[prev] [b, r]. Over the whole vocabulary in one process, bf16 inference on the CPU takes the
         bias, the sum and the argmax in one pass (`cpu_kernels.markov_argmax`: the same index)."""
         embed = self.markov_w1(prev)
-        if not self.vocab.sharded and (picked := kernels.markov_argmax(embed.float(), self.markov_w2.weight,
-                                                                       logits)) is not None:
+        e = embed.float()
+        if not self.vocab.sharded and (picked := kernels.markov_argmax(e, self.markov_w2.weight, logits)) is not None:
             return picked, embed
-        bias, _ = self(prev)
-        return self.vocab.argmax(logits.float() + bias), embed
+        return self.vocab.argmax(logits.float() + self._bias(e)), embed
 
 
 class ConfidenceHead(nn.Module):

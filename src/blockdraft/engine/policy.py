@@ -185,8 +185,10 @@ class DraftWidthPolicy:
         measuring = width == self.max_width and self.wide_steps < WIDE_TRIES
         self.wide_steps += width == self.max_width
         old = self.cost.get(key)
-        if old is None or measuring:
-            self.cost[key] = seconds if old is None else min(old, seconds)
+        if old is None:
+            self.cost[key] = seconds
+        elif measuring:
+            self.cost[key] = min(old, seconds)
         else:
             self.cost[key] = old + (0.5 if seconds < old else 0.25) * (seconds - old)
         if width == 0:

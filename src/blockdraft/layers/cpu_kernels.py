@@ -414,14 +414,11 @@ def markov_argmax(embed: torch.Tensor, weight: torch.Tensor, logits: torch.Tenso
     argmax rule: the first NaN, else the first largest), without the [rows, V] fp32 rows between (~0.4 ms less
     a slot of a 65,536-id chain on a 2-core AMX Xeon). None where `markov_bias` does not apply or the logits
     are not bf16 or fp32 rows of V on the CPU."""
-    if (logits.dtype not in (torch.bfloat16, torch.float32) or logits.device.type != "cpu" or logits.dim() != 2
-            or embed.dim() != 2 or logits.shape != (embed.shape[0], weight.shape[0])
-            or (torch.is_grad_enabled() and logits.requires_grad) or torch.onnx.is_in_onnx_export()
-            or torch.jit.is_tracing() or (operands := _markov_operands(embed, weight)) is None):
+    if (logits.dim() != 2 or embed.dim() != 2 or logits.shape != (embed.shape[0], weight.shape[0])
+            or (rows := _logit_rows(logits)) is None or (operands := _markov_operands(embed, weight)) is None):
         return None
     flat, blocked, threads = operands
     vocab, rank = weight.shape
-    rows = logits if logits.stride(-1) == 1 else logits.contiguous()
     out = torch.empty(flat.shape[0], dtype=torch.int64)
     if flat.shape[0] and library().bd_markov_argmax(flat.data_ptr(), flat.shape[0], rank, blocked.data_ptr(), vocab,
                                                     rows.data_ptr(), rows.stride(0),
@@ -431,24 +428,28 @@ def markov_argmax(embed: torch.Tensor, weight: torch.Tensor, logits: torch.Tenso
     return out
 
 
+def _logit_rows(x: torch.Tensor) -> torch.Tensor | None:
+    """x [.., n] as the argmax kernels read it ([rows, n], each row unit-strided), or None where they do not
+    apply: not bf16 or fp32 logits on the CPU, no values, autograd recording, an ONNX export or a trace, no kernel."""
+    if (x.dtype not in (torch.bfloat16, torch.float32) or x.device.type != "cpu" or x.dim() == 0
+            or x.shape[-1] == 0 or library() is None or (torch.is_grad_enabled() and x.requires_grad)
+            or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()):
+        return None
+    flat = x.reshape(-1, x.shape[-1])
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
+
+
 def argmax(x: torch.Tensor, isa: str | None = None) -> torch.Tensor | None:
     """`x.argmax(-1)` for bf16 or fp32 logits on the CPU (`bd_argmax`): the first NaN of a row if it has one,
     else the first of its largest values, as torch's; one AVX512 pass over the values, read as they are
     (a verify's 9 x 65,536 bf16 logits: ~0.07 ms, torch's argmax ~0.5). None where it does not apply:
     without AVX512 (unless `isa` names the portable path: tests) torch's is as fast as the portable loop."""
-    if (x.dtype not in (torch.bfloat16, torch.float32) or x.device.type != "cpu" or x.dim() == 0
-            or x.shape[-1] == 0 or library() is None or (torch.is_grad_enabled() and x.requires_grad)
-            or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
-            or (isa is None and best_isa() not in ("avx512vnni", "amx"))):
+    if (isa is None and best_isa() not in ("avx512vnni", "amx")) or (flat := _logit_rows(x)) is None:
         return None
-    n = x.shape[-1]
-    flat = x.reshape(-1, n)
-    if flat.stride(-1) != 1:
-        flat = flat.contiguous()
     out = torch.empty(flat.shape[0], dtype=torch.int64)
     if flat.shape[0]:
-        library().bd_argmax(flat.data_ptr(), flat.shape[0], n, flat.stride(0), int(x.dtype == torch.bfloat16),
-                            out.data_ptr(), _isa_code(isa))
+        library().bd_argmax(flat.data_ptr(), flat.shape[0], flat.shape[1], flat.stride(0),
+                            int(x.dtype == torch.bfloat16), out.data_ptr(), _isa_code(isa))
     return out.view(x.shape[:-1])
 
 
