@@ -20,8 +20,8 @@ The widest width is tried `WIDE_TRIES` times per process, one after another (it 
 slot's acceptance; one step is too few to judge the deep slots by), and its cost is the cheapest of
 those steps: the first drafting step pays one-time costs, and the engine's thread choice may time
 another thread count on the next (measured on the LFM2-1.2B shape: 146 and 174 ms, then 104 ms a
-step; the running estimate of the three was ~1.5x the warm cost, and every drafting width interpolated
-from it looked that much dearer).
+step; a running estimate of the three is ~1.5x the warm cost, and every drafting width interpolated
+from it that much dearer).
 
 A drafting width must also win against the plain step's lowest cost among its last `PLAIN_LOW`
 samples, not only against its running estimate: a slow spell raises that estimate (and the rule
