@@ -9,6 +9,8 @@ pool mirrors the target's block ids; `context_read` gathers its committed rows.
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from .views import ContextRead, KernelKV, causal_visibility
@@ -23,6 +25,8 @@ class PagedKVPool:
         shape = (num_blocks * page_size, num_kv_heads, head_dim)
         self.k = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
         self.v = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
+        self._offsets: torch.Tensor | None = None      # arange(page_size), made once
+        self._pointers: tuple | None = None
 
     def slots(self, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """tables [b, max_blocks], positions [b, t] -> flat slot ids [b, t]."""
@@ -31,8 +35,19 @@ class PagedKVPool:
 
     def prefix_slots(self, tables: torch.Tensor, length: int) -> torch.Tensor:
         """Flat slot ids of positions 0..length-1 of every row [b * length] (what `read` takes)."""
-        b = tables.shape[0]
-        return self.slots(tables, torch.arange(length, device=tables.device).expand(b, length)).view(-1)
+        b, pages = tables.shape[0], -(-length // self.page_size)
+        if self._offsets is None or self._offsets.device != tables.device:
+            self._offsets = torch.arange(self.page_size, device=tables.device)
+        every = tables[:, :pages, None] * self.page_size + self._offsets            # [b, pages, page_size]
+        return every.view(b, -1)[:, :length].reshape(-1)
+
+    def pointers(self) -> tuple:
+        """Layer i's K and V buffer addresses, (c_void_p * layers) each (`KernelKV.pointers`): the buffers
+        never move, so the arrays are made once."""
+        if self._pointers is None:
+            self._pointers = tuple((ctypes.c_void_p * len(bufs))(*(bufs[i].data_ptr() for i in range(len(bufs))))
+                                   for bufs in (self.k, self.v))
+        return self._pointers
 
     def read(self, layer: int, slots: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V at `prefix_slots(tables, length)` -> [b, hkv, length, d] each."""
@@ -57,10 +72,10 @@ class PagedStep:
         self.pool, self.tables = pool, tables
         self.ring, self.ring_rows = ring, ring_rows
         t = max(counts)
-        offsets = torch.arange(t, device=device)
-        self.valid = offsets[None, :] < torch.tensor(counts, device=device)[:, None]          # [b, t]
-        starts_t = torch.tensor(starts, device=device)[:, None]
-        self.positions = torch.where(self.valid, starts_t + offsets, torch.zeros_like(starts_t))   # pads: pos 0
+        # from lists, one tensor each: a decoding step makes these for every token
+        self.valid = torch.tensor([[i < c for i in range(t)] for c in counts], device=device)        # [b, t]
+        self.positions = torch.tensor([[s + i if i < c else 0 for i in range(t)]                     # pads: pos 0
+                                       for s, c in zip(starts, counts)], device=device)
         self.end = max(s + c for s, c in zip(starts, counts))
         self.ragged = min(counts) != t
         # made once per step, used by every layer: where the real rows go, and what attention reads
@@ -68,8 +83,7 @@ class PagedStep:
         self.write_slots = slots[self.valid] if self.ragged else slots.view(-1)                # [real rows]
         self.visible = self.read_slots = None
         if attend:   # keys 0..end-1 of every row (a row's keys past its own end are masked)
-            b = tables.shape[0]
-            self.visible = causal_visibility(self.positions, torch.arange(self.end, device=device).expand(b, self.end))
+            self.visible = causal_visibility(self.positions, torch.arange(self.end, device=device)[None])
             self.read_slots = pool.prefix_slots(tables, self.end)
 
     def kernel_kv(self) -> KernelKV | None:
@@ -78,8 +92,9 @@ class PagedStep:
         if self.visible is None or self.ring is not None:
             return None
         _, hkv, d = next(iter(self.pool.k.values())).shape
-        write = torch.where(self.valid, self.slots, -1).view(-1)
-        return KernelKV(self.pool.k, self.pool.v, write, self.read_slots.view(self.tables.shape[0], -1), hkv * d, d)
+        write = torch.where(self.valid, self.slots, -1).view(-1) if self.ragged else self.write_slots   # [b * t]
+        return KernelKV(self.pool.k, self.pool.v, write, self.read_slots.view(self.tables.shape[0], -1), hkv * d, d,
+                        self.pool.pointers())
 
     def kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the real rows of k/v [b, hkv, t, d]; return the K/V attention reads: positions 0..end-1."""

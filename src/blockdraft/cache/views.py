@@ -39,14 +39,17 @@ class KernelKV:
     read_slots: torch.Tensor       # [b, keys] int64, contiguous
     slot_stride: int
     head_stride: int
+    pointers: tuple | None = None  # (k, v) buffers' addresses per layer as the kernel takes them, where kept
 
 
 def causal_visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None,
                       causal: bool = True) -> torch.Tensor:
     """Visibility by absolute position: q_pos [b, tq], k_pos [b, tk] -> [b, 1, tq, tk].
 
-    causal: k <= q; window: |q - k| < window (one-sided when causal).
+    causal: k <= q; window: |q - k| < window (one-sided when causal). k_pos may be [1, tk] (every row's).
     """
+    if causal and window is None:
+        return (q_pos[:, :, None] >= k_pos[:, None, :])[:, None]
     diff = q_pos[:, :, None] - k_pos[:, None, :]
     visible = torch.ones_like(diff, dtype=torch.bool)
     if causal:

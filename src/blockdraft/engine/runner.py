@@ -166,12 +166,10 @@ class ModelRunner(StepRunner):
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence], n_drafts: list[int]) -> list[SeqOutput]:
-        device = self.target.device
         tables = self._tables(seqs)
         starts = [len(s.tokens) - 1 for s in seqs]                  # anchor positions
-        anchors = torch.tensor([s.tokens[-1] for s in seqs], device=device)
         written = self.flush_context(seqs) if max(n_drafts) > 0 else [0] * len(seqs)
-        drafts = self._propose(seqs, tables, starts, anchors, n_drafts)
+        drafts = self._propose(seqs, tables, starts, n_drafts)
         blocks = [[s.tokens[-1]] + d for s, d in zip(seqs, [p[0] for p in drafts])]
         step = self._target_step(seqs, tables, starts, [len(b) for b in blocks])
         out = self.target(self._ids(blocks), step, self.taps)      # logits [b, 1 + max n, V]
@@ -195,9 +193,10 @@ class ModelRunner(StepRunner):
         if self.states is not None:
             self.states.commit(step.state, [s.state_slot for s in seqs], keep)
 
-    def _propose(self, seqs, tables, starts, anchors, n_drafts) -> list[tuple[list[int], torch.Tensor | None]]:
+    def _propose(self, seqs, tables, starts, n_drafts) -> list[tuple[list[int], torch.Tensor | None]]:
         if self.drafter is None or max(n_drafts) == 0:
             return [([], None) for _ in seqs]
+        anchors = torch.tensor([s.tokens[-1] for s in seqs], device=tables.device)
         rows = [block_rows(self.drafter, n) for n in n_drafts]
         width = max(rows)
         block_valid = None

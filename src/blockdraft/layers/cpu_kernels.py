@@ -303,8 +303,8 @@ class LayerStack:
             x.data_ptr(), out.data_ptr(), (ctypes.c_int * len(taps))(*taps),
             (ctypes.c_void_p * len(taps))(*(y.data_ptr() for y in tapped)), len(taps), b, t, self.table, n, H,
             w.heads, w.kv_heads, d, w.intermediate, w.bits, w.act_bits, w.eps, d ** -0.5, cos.data_ptr(), sin.data_ptr(),
-            (ctypes.c_void_p * n)(*(kv.k[i].data_ptr() for i in range(n))),
-            (ctypes.c_void_p * n)(*(kv.v[i].data_ptr() for i in range(n))), kv.write_slots.data_ptr(),
+            *(kv.pointers or [(ctypes.c_void_p * n)(*(bufs[i].data_ptr() for i in range(n))) for bufs in (kv.k, kv.v)]),
+            kv.write_slots.data_ptr(),
             kv.read_slots.data_ptr(), tk, kv.slot_stride, kv.head_stride, mask, mask_strides, _isa_code(isa),
             torch.get_num_threads())
         if rc != 0:

@@ -82,16 +82,20 @@ class Rotary:
 
     def __init__(self, rope: RopeConfig, head_dim: int):
         self.inv_freq, self.scaling = inverse_frequencies(rope, head_dim)
+        half = head_dim // 2
+        self.sign = torch.tensor([-1.0] * half + [1.0] * (head_dim - half), device="cpu")   # negates sin's first half
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [batch, seq] -> cos, sin [batch, 1, seq, head_dim] (broadcast over heads), sin's
         first half negated: what `apply_rope` takes."""
-        freqs = positions.float()[..., None] * self.inv_freq.to(positions.device)[None, None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        sin = emb.sin() * self.scaling
-        half = sin.shape[-1] // 2
-        signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
-        return (emb.cos() * self.scaling).to(dtype)[:, None], signed.to(dtype)[:, None]
+        if self.inv_freq.device != positions.device:
+            self.inv_freq, self.sign = self.inv_freq.to(positions.device), self.sign.to(positions.device)
+        freqs = positions.float()[..., None] * self.inv_freq                     # [batch, seq, head_dim / 2]
+        emb = torch.cat([freqs, freqs], dim=-1)                                   # [batch, seq, head_dim]
+        cos, sin = emb.cos(), emb.sin()
+        if self.scaling != 1.0:
+            cos, sin = cos * self.scaling, sin * self.scaling
+        return cos.to(dtype)[:, None], (sin * self.sign).to(dtype)[:, None]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
