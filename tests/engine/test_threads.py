@@ -4,7 +4,7 @@ periodic look at the other; output identical whichever runs."""
 import torch
 
 import blockdraft
-from blockdraft.engine.threads import ThreadChoice
+from blockdraft.engine.threads import RECENT, ThreadChoice
 from conftest import ASSETS
 
 
@@ -25,6 +25,21 @@ def test_picks_the_faster_count_and_follows_a_change():
     far.record(key, 1, 1.0)
     picks = [far.pick(key) for _ in range(16)]
     assert picks.count(2) == 2 and picks.index(2) == 7   # every max(4, (5 - 1) / 0.5) = 8 steps
+
+
+def test_one_delayed_step_does_not_move_the_choice():
+    """A step the host delayed (a barrier waiting on a descheduled thread) is not the count's cost: the
+    choice stays until most of the count's last RECENT steps are slower."""
+    choice, key = ThreadChoice(most=2, every=1000, share=0.01), (1, 0)
+    choice.record(key, 2, 1.0)
+    choice.record(key, 1, 1.8)
+    for _ in range(RECENT):
+        choice.record(key, 2, 1.0)
+    choice.record(key, 2, 10.0)                       # one step 10x slower
+    assert [choice.pick(key) for _ in range(5)] == [2] * 5
+    for _ in range(RECENT // 2):
+        choice.record(key, 2, 10.0)
+    assert choice.pick(key) == 1                      # most of the last RECENT steps: the count got slower
 
 
 def test_a_single_thread_process_is_left_alone():

@@ -4,7 +4,8 @@ On an idle machine the extra threads speed a step up; on a shared one whose othe
 each of a step's ~90 parallel regions waits at its barrier for a thread that is not scheduled, and
 one thread is several times faster. Which holds can change while a process runs, so it is measured
 online, like the draft width (`policy.py`): per batch bucket and draft width, each thread count's
-decode time (a running mean: half old, half new), the faster one runs, and it looks at the other
+decode time (the median of its last `RECENT` steps, so that one step the host delayed does not move a
+process onto one thread for the steps until the next look), the faster one runs, and it looks at the other
 once `every` steps have passed and the steps since its last look have earned, at `share` of their
 time, what a look is expected to lose — so the dearer the other count, the rarer the looks.
 Every kernel gives the same bits at any thread count (tested), so the choice never changes output.
@@ -12,15 +13,21 @@ Every kernel gives the same bits at any thread count (tested), so the choice nev
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
+
 import torch
+
+RECENT = 5
 
 
 class ThreadChoice:
-    def __init__(self, most: int | None = None, every: int = 32, share: float = 0.02, enabled: bool = True):
+    def __init__(self, most: int | None = None, every: int = 32, share: float = 0.01, enabled: bool = True):
         self.most = most or torch.get_num_threads()
         self.options = [self.most, 1] if enabled and self.most > 1 else [self.most]
         self.every, self.share = every, share
         self.cost: dict[tuple, float] = {}       # (bucket, width, threads) -> seconds per decode step
+        self.recent: dict[tuple, deque] = {}     # (bucket, width, threads) -> its last RECENT steps' seconds
         self.since: dict[tuple, int] = {}        # (bucket, width) -> decode steps since the last look
         self.current = self.most                  # the count the last decode step chose as the faster
 
@@ -40,5 +47,6 @@ class ThreadChoice:
         return best
 
     def record(self, key: tuple, threads: int, seconds: float) -> None:
-        old = self.cost.get((*key, threads))
-        self.cost[(*key, threads)] = seconds if old is None else 0.5 * (old + seconds)
+        recent = self.recent.setdefault((*key, threads), deque(maxlen=RECENT))
+        recent.append(seconds)
+        self.cost[(*key, threads)] = statistics.median(recent)
