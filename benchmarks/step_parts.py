@@ -2,7 +2,8 @@
 each part (patched for the measurement only, restored after).
 
 Parts: the weight-only or bf16 linear layers, the LM head, attention, the fused C decoder layers of a
-quantized Llama/Qwen3 target (linear layers and attention in one call), the Gated DeltaNet recurrence,
+quantized Llama/Qwen3 target (linear layers and attention in one call; with the final norm and LM head
+where every row's logits are wanted), the Gated DeltaNet recurrence,
 the short / causal convolutions, and the state commit after the pass (the kept rows' state, replayed or
 gathered on a rollback). A part called inside another counts only in the inner one; what no part
 covers (norms, elementwise ops, RoPE, masks, Python between the calls) is `other`.
@@ -33,7 +34,7 @@ class PartTimer:
             finally:
                 spent = time.perf_counter() - t0
                 inner = self._children.pop()
-                self.ms[part(*args) if callable(part) else part] += 1e3 * (spent - inner)
+                self.ms[part(*args, **kwargs) if callable(part) else part] += 1e3 * (spent - inner)
                 if self._children:
                     self._children[-1] += spent
         return timed
@@ -46,11 +47,13 @@ class PartTimer:
         head = getattr(model, "lm_head", None)
 
         def linear_part(name):
-            return lambda layer, *_: "LM head" if layer is head else name
+            return lambda layer, *_, **__: "LM head" if layer is head else name
 
         patches = [(quant.QuantizedLinear, "forward", linear_part("linear layers (int4/int8)")),
                    (linear.StableLinear, "forward", linear_part("linear layers (bf16)")),
-                   (cpu_kernels.LayerStack, "run", "decoder layers (fused C: linear + attention)")]
+                   (cpu_kernels.LayerStack, "run", lambda *_, head=None, **__: (
+                       "decoder layers (fused C: linear + attention)" if head is None
+                       else "decoder layers, final norm and LM head (fused C)"))]
         by_function = {attention.attend: "attention", deltanet.delta_rule: "DeltaNet recurrence",
                        deltanet.causal_conv: "short / causal conv"}
         for module in [m for name, m in sys.modules.items() if name.startswith("blockdraft.")]:

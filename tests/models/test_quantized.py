@@ -213,7 +213,7 @@ def test_fused_layer_gives_the_unfused_bits(scheme):
     prefill, a multi-row step, batch 2, logits and taps."""
     target = load_target(ASSETS / "target-qwen3", "bfloat16", scheme)
     stack = target.fused
-    assert stack is not None
+    assert stack is not None and stack.head is not None     # the final norm and LM head in the same call
     ids = torch.randint(0, target.config.vocab_size, (2, 23), generator=torch.Generator().manual_seed(5))
     outs = {}
     for fused in (True, False):
@@ -221,9 +221,25 @@ def test_fused_layer_gives_the_unfused_bits(scheme):
         with torch.inference_mode():
             cache = target.new_cache(2, 32)
             first, second = target(ids[:, :17], cache, (1, 3)), target(ids[:, 17:], cache, (1, 3))
-        outs[fused] = (first.logits, first.taps, second.logits, second.taps, cache.k[2][:, :, :23])
+        outs[fused] = (first.logits, first.taps, first.hidden, second.logits, second.taps, second.hidden,
+                       cache.k[2][:, :, :23])
     for a, b in zip(outs[True], outs[False]):
         assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no C compiler: the layers run unfused")
+def test_the_fused_step_uses_the_head_the_model_holds():
+    """A target whose LM head was replaced after quantization (a pruned or resharded head) gets that head's
+    logits, not the stack's copy of the old one."""
+    target = load_target(ASSETS / "target-qwen3", "bfloat16", "int4")
+    ids = torch.randint(0, target.config.vocab_size, (1, 7), generator=torch.Generator().manual_seed(3))
+    old = target.lm_head
+    target.lm_head = QuantizedLinear(old.weight.flip(0), None, old.scheme, old.kernel)
+    with torch.inference_mode():
+        fused = target(ids, target.new_cache(1, 8)).logits
+        target.fused = None
+        unfused = target(ids, target.new_cache(1, 8)).logits
+    assert torch.equal(fused, unfused)
 
 
 @pytest.mark.skipif(not kernels.available(), reason="no C compiler: the layers run unfused")

@@ -1639,8 +1639,21 @@ typedef struct {
     const uint16_t *qkv_s, *o_s, *gate_up_s, *down_s;
 } LayerPtrs;
 
+/* The final norm and LM head after the layers (cpu_kernels.py's HeadTable mirrors it): normed [b*t, H] =
+ * RMSNorm(x) by norm (eps), logits [b*t, n] = normed times the packed head (bits, act_bits), as the model's
+ * norm and head modules compute them over these kernels. */
+typedef struct {
+    const uint16_t *norm;
+    float eps;
+    const uint8_t *w;
+    const uint16_t *s;
+    int n, bits, act_bits;
+    uint16_t *normed, *logits;
+} HeadPtrs;
+
 /* x_in [b*t, H] through n layers -> x [b*t, H], and a copy of the hidden state after each layer taps[i] in
- * tap_out[i] (i < n_taps; the drafter's taps). Layer l writes its new K/V rows into k_pools[l] /
+ * tap_out[i] (i < n_taps; the drafter's taps); then, where head is not NULL, the final norm and LM head of
+ * every row (HeadPtrs). Layer l writes its new K/V rows into k_pools[l] /
  * v_pools[l] at write_slots [b*t] and attends to the keys at read_slots [b, tk] (both as KvWrite and
  * KvRead spell them, with slot_stride and head_stride), visible where vis (strides (batch, query row,
  * key)) says. cos, sin [b, t, d]; scale the attention's. Returns 0, or < 0 as the kernels above. */
@@ -1650,7 +1663,7 @@ int bd_layers(const uint16_t *x_in, uint16_t *x, const int *taps, uint16_t *cons
               float scale, const uint16_t *cos, const uint16_t *sin, uint16_t *const *k_pools,
               uint16_t *const *v_pools, const int64_t *write_slots,
               const int64_t *read_slots, int tk, int64_t slot_stride, int64_t head_stride, const uint8_t *vis,
-              const int64_t *vis_strides, int isa, int threads) {
+              const int64_t *vis_strides, const HeadPtrs *head, int isa, int threads) {
     size_t rows = (size_t)b * t, N = (size_t)(h + 2 * hkv) * d, hd = (size_t)h * d;
     size_t elems = rows * (H + N + hd + hd + H + 2 * (size_t)I + I);
     uint16_t *scratch = malloc(2 * elems);
@@ -1680,6 +1693,11 @@ int bd_layers(const uint16_t *x_in, uint16_t *x, const int *taps, uint16_t *cons
             if (taps[i] == l) memcpy(tap_out[i], x, 2 * rows * H);
     }
     free(scratch);
+    if (rc == 0 && head) {
+        bd_rmsnorm(x, (int)rows, H, head->norm, head->eps, head->normed, isa);
+        rc = bd_qgemm(head->normed, (int)rows, H, head->w, head->s, head->n, head->bits, head->act_bits, head->logits,
+                      NULL, isa, threads);
+    }
     return rc;
 }
 

@@ -98,7 +98,7 @@ def library() -> ctypes.CDLL | None:
     lib.bd_layers.restype = ctypes.c_int
     lib.bd_layers.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, ptr, i32, i32, i32, i32, i32, i32, i32, i32, f32, f32,
                               ptr,
-                              ptr, ptr, ptr, ptr, ptr, i32, i64, i64, ptr, ptr, i32, i32]
+                              ptr, ptr, ptr, ptr, ptr, i32, i64, i64, ptr, ptr, ptr, i32, i32]
     lib.bd_swiglu.restype = None
     lib.bd_swiglu.argtypes = [ptr, i64, ptr, i64, i32, i32, ptr, i32]
     lib.bd_rmsnorm.restype = None
@@ -276,20 +276,57 @@ class LayerWeights:
         return LayerTable(*(None if t is None else t.data_ptr() for t in tensors))
 
 
+class HeadTable(ctypes.Structure):
+    """The final norm and LM head as `bd_layers` reads them (its HeadPtrs)."""
+    _fields_ = [("norm", ctypes.c_void_p), ("eps", ctypes.c_float), ("w", ctypes.c_void_p), ("s", ctypes.c_void_p),
+                ("n", ctypes.c_int), ("bits", ctypes.c_int), ("act_bits", ctypes.c_int), ("normed", ctypes.c_void_p),
+                ("logits", ctypes.c_void_p)]
+
+
+@dataclass(frozen=True)
+class HeadWeights:
+    """A target's final RMSNorm and packed LM head, run by `bd_layers` after the layers where every row's
+    logits are wanted (a decoding or verify step): the bits of the norm and head modules over these kernels,
+    without a return to Python between. `source`: the (norm, head) modules they came from (`serves` checks
+    that the model still holds them)."""
+    source: tuple
+    weight: torch.Tensor                  # [H] bf16, the norm's
+    eps: float
+    packed: torch.Tensor
+    scales: torch.Tensor
+    bits: int
+    act_bits: int
+    vocab: int
+
+    def serves(self, norm, head) -> bool:
+        return norm is self.source[0] and head is self.source[1]
+
+
+@dataclass
+class StackOutput:
+    hidden: torch.Tensor                  # [b, t, H] the last layer's output
+    taps: list[torch.Tensor]              # [b, t, H] each: the hidden state after each tap layer
+    normed: torch.Tensor | None = None    # [b, t, H] after the final norm (with `head`)
+    logits: torch.Tensor | None = None    # [b, t, vocab] (with `head`)
+
+
 class LayerStack:
     """A quantized target's decoder layers as `bd_layers` runs them: their weights, and the table of their
-    pointers built once."""
+    pointers built once; `head` the final norm and LM head where the kernels take them (set by
+    `layers/quant.py`)."""
 
     def __init__(self, layers: list[LayerWeights]):
         self.layers = layers
         self.table = (LayerTable * len(layers))(*(w.table for w in layers))
+        self.head: HeadWeights | None = None
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv, visible: torch.Tensor | None,
-            taps: list[int] = (), isa: str | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """x [b, t, H] through every layer in one `bd_layers` call -> (the last layer's output, the hidden state
-        after each layer in `taps`), with the bits of the layers' PyTorch spelling over these kernels. Each
-        layer writes its new K/V rows and reads its keys where `kv` (a step's `KernelKV`) says, visible where
-        `visible` [b or 1, 1, t, keys] says (None: all). cos/sin [b, 1, t, d]."""
+            taps: list[int] = (), isa: str | None = None, head: HeadWeights | None = None) -> StackOutput:
+        """x [b, t, H] through every layer in one `bd_layers` call -> the last layer's output and the hidden
+        state after each layer in `taps` (and with `head`, every row's final norm and logits), with the bits of
+        the layers' PyTorch spelling over these kernels. Each layer writes its new K/V rows and reads its keys
+        where `kv` (a step's `KernelKV`) says, visible where `visible` [b or 1, 1, t, keys] says (None: all).
+        cos/sin [b, 1, t, d]."""
         w, n = self.layers[0], len(self.layers)
         if any(not 0 <= i < n for i in taps):
             raise ValueError(f"tap layers {list(taps)}: the model has layers 0..{n - 1}")
@@ -298,6 +335,12 @@ class LayerStack:
         x = x.contiguous()
         cos, sin = cos.expand(b, 1, t, d).contiguous(), sin.expand(b, 1, t, d).contiguous()
         out, tapped = torch.empty_like(x), [torch.empty_like(x) for _ in taps]
+        normed = logits = head_table = None
+        if head is not None:
+            normed, logits = torch.empty_like(x), torch.empty(b, t, head.vocab, dtype=torch.bfloat16)
+            head_table = ctypes.byref(HeadTable(head.weight.data_ptr(), head.eps, head.packed.data_ptr(),
+                                                head.scales.data_ptr(), head.vocab, head.bits, head.act_bits,
+                                                normed.data_ptr(), logits.data_ptr()))
         mask, mask_strides = _mask(visible, b, t, tk)
         rc = library().bd_layers(
             x.data_ptr(), out.data_ptr(), (ctypes.c_int * len(taps))(*taps),
@@ -305,11 +348,11 @@ class LayerStack:
             w.heads, w.kv_heads, d, w.intermediate, w.bits, w.act_bits, w.eps, d ** -0.5, cos.data_ptr(), sin.data_ptr(),
             *(kv.pointers or [(ctypes.c_void_p * n)(*(bufs[i].data_ptr() for i in range(n))) for bufs in (kv.k, kv.v)]),
             kv.write_slots.data_ptr(),
-            kv.read_slots.data_ptr(), tk, kv.slot_stride, kv.head_stride, mask, mask_strides, _isa_code(isa),
-            torch.get_num_threads())
+            kv.read_slots.data_ptr(), tk, kv.slot_stride, kv.head_stride, mask, mask_strides, head_table,
+            _isa_code(isa), torch.get_num_threads())
         if rc != 0:
             raise MemoryError(f"decoder layers: no scratch memory for {b * t} rows")
-        return out, tapped
+        return StackOutput(out, tapped, normed, logits)
 
 
 def _bf16_inference(*tensors: torch.Tensor) -> bool:

@@ -41,6 +41,7 @@ from . import cpu_kernels as kernels
 from .direct import DirectCall
 from .hugepages import weight_buffer
 from .moe import Experts
+from .norm import RMSNorm
 
 SCHEMES = ("none", "int8", "int4", "int4-a8")   # what a user picks; int8_g32 is the LM head of each
 INT4_GROUP = 32
@@ -210,7 +211,19 @@ def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) ->
     # model's tied embedding / head is Q8_0)
     model.lm_head = QuantizedLinear(model.lm_head.weight, None, head_scheme(scheme, model.lm_head.weight.shape[1]),
                                     kernel)
+    if model.fused is not None:
+        model.fused.head = _fused_head(model.norm, model.lm_head, model.config.final_logit_softcapping)
     return model
+
+
+def _fused_head(norm: nn.Module, head: QuantizedLinear, softcap: float | None) -> kernels.HeadWeights | None:
+    """The final norm and LM head for `cpu_kernels.LayerStack`, where its kernels take both: a plain RMSNorm
+    and a packed head without bias, no logit softcapping."""
+    if (type(norm) is not RMSNorm or norm.weight.dtype != torch.bfloat16 or norm.weight.shape[0] % 16
+            or head.kernel != "qgemm" or head.bias is not None or softcap is not None):
+        return None
+    return kernels.HeadWeights((norm, head), norm.weight, norm.eps, head.qweight, head.scales, head.bits,
+                               head.act_bits, head.out_features)
 
 
 class QuantizedExperts(nn.Module):

@@ -90,15 +90,19 @@ class TargetModel(nn.Module):
         taps = {}
         last = len(self.layers) - 1
         kv = step.kernel_kv() if self.fused is not None and hasattr(step, "kernel_kv") else None
+        logits = None
         if kv is not None:         # quantized on the CPU: every layer in one kernel call
-            x, tapped = self.fused.run(x, cos, sin, kv, step.visible, list(tap_layers))
-            taps = dict(zip(tap_layers, tapped))
+            head = self.fused.head   # and the final norm and LM head, where every row's logits are wanted
+            every_row = logits_rows is None and logits_at is None and head is not None and head.serves(self.norm,
+                                                                                                         self.lm_head)
+            run = self.fused.run(x, cos, sin, kv, step.visible, list(tap_layers), head=head if every_row else None)
+            x, taps, logits = run.hidden, dict(zip(tap_layers, run.taps)), run.logits
         else:
             for i, layer in enumerate(self.layers):
                 x = layer(x, cos, sin, step, i)
                 if i in tap_layers:
                     taps[i] = x
-        x = self.norm(x)
+        x = self.norm(x) if logits is None else run.normed
         if last in tap_layers and spec.point == "hidden_states":
             taps[last] = x  # HF hidden_states[-1] is after the final norm
         hidden = x
@@ -107,7 +111,8 @@ class TargetModel(nn.Module):
         if logits_at is not None:
             x = x[torch.arange(b, device=x.device), logits_at][:, None]
         packed = torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None
-        logits = self.lm_head(x)
+        if logits is None:
+            logits = self.lm_head(x)
         cap = self.config.final_logit_softcapping
         if cap is not None:                                   # Gemma: cap · tanh(logits / cap)
             logits = torch.tanh(logits / cap) * cap
