@@ -12,6 +12,7 @@ from blockdraft.cache.paged import PagedKVPool, PagedStep, pad_tables
 from blockdraft.errors import ConfigError
 from blockdraft.layers import cpu_kernels as kernels
 from blockdraft.layers.quant import QuantizedLinear, check_scheme, scheme_of
+from blockdraft.layers.vocab import argmax_ids
 from blockdraft.llm import LLM
 from blockdraft.numerics import cpu_flags
 from blockdraft.loading import load_drafter, load_target
@@ -223,6 +224,10 @@ def test_fused_layer_gives_the_unfused_bits(scheme):
             first, second = target(ids[:, :17], cache, (1, 3)), target(ids[:, 17:], cache, (1, 3))
         outs[fused] = (first.logits, first.taps, first.hidden, second.logits, second.taps, second.hidden,
                        cache.k[2][:, :, :23])
+        if fused:                                            # the step's argmax, as argmax_ids gives it
+            assert torch.equal(second.argmax, argmax_ids(second.logits)) and second.argmax.shape == (2, 6)
+        else:
+            assert second.argmax is None
     for a, b in zip(outs[True], outs[False]):
         assert torch.equal(a, b)
 

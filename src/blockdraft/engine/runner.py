@@ -173,7 +173,7 @@ class ModelRunner(StepRunner):
         blocks = [[s.tokens[-1]] + d for s, d in zip(seqs, [p[0] for p in drafts])]
         step = self._target_step(seqs, tables, starts, [len(b) for b in blocks])
         out = self.target(self._ids(blocks), step, self.taps)      # logits [b, 1 + max n, V]
-        target_argmax = argmax_ids(out.logits).tolist()             # [b, 1 + max n]
+        target_argmax = (argmax_ids(out.logits) if out.argmax is None else out.argmax).tolist()   # [b, 1 + max n]
         outs = [verify(s, block, out.logits[i, :len(block)], target_argmax[i], drafts[i][1],
                        out.taps[i:i + 1, :len(block)] if self.drafter is not None else None, written[i])
                 for i, (s, block) in enumerate(zip(seqs, blocks))]

@@ -1641,7 +1641,7 @@ typedef struct {
 
 /* The final norm and LM head after the layers (cpu_kernels.py's HeadTable mirrors it): normed [b*t, H] =
  * RMSNorm(x) by norm (eps), logits [b*t, n] = normed times the packed head (bits, act_bits), as the model's
- * norm and head modules compute them over these kernels. */
+ * norm and head modules compute them over these kernels, and each row's argmax [b*t] (bd_argmax's index). */
 typedef struct {
     const uint16_t *norm;
     float eps;
@@ -1649,7 +1649,10 @@ typedef struct {
     const uint16_t *s;
     int n, bits, act_bits;
     uint16_t *normed, *logits;
+    int64_t *argmax;
 } HeadPtrs;
+
+void bd_argmax(const void *x, int rows, int n, int64_t stride, int bf16, int64_t *out, int isa);
 
 /* x_in [b*t, H] through n layers -> x [b*t, H], and a copy of the hidden state after each layer taps[i] in
  * tap_out[i] (i < n_taps; the drafter's taps); then, where head is not NULL, the final norm and LM head of
@@ -1697,6 +1700,7 @@ int bd_layers(const uint16_t *x_in, uint16_t *x, const int *taps, uint16_t *cons
         bd_rmsnorm(x, (int)rows, H, head->norm, head->eps, head->normed, isa);
         rc = bd_qgemm(head->normed, (int)rows, H, head->w, head->s, head->n, head->bits, head->act_bits, head->logits,
                       NULL, isa, threads);
+        if (rc == 0) bd_argmax(head->logits, (int)rows, head->n, head->n, 1, head->argmax, isa);
     }
     return rc;
 }

@@ -280,7 +280,7 @@ class HeadTable(ctypes.Structure):
     """The final norm and LM head as `bd_layers` reads them (its HeadPtrs)."""
     _fields_ = [("norm", ctypes.c_void_p), ("eps", ctypes.c_float), ("w", ctypes.c_void_p), ("s", ctypes.c_void_p),
                 ("n", ctypes.c_int), ("bits", ctypes.c_int), ("act_bits", ctypes.c_int), ("normed", ctypes.c_void_p),
-                ("logits", ctypes.c_void_p)]
+                ("logits", ctypes.c_void_p), ("argmax", ctypes.c_void_p)]
 
 
 @dataclass(frozen=True)
@@ -308,6 +308,7 @@ class StackOutput:
     taps: list[torch.Tensor]              # [b, t, H] each: the hidden state after each tap layer
     normed: torch.Tensor | None = None    # [b, t, H] after the final norm (with `head`)
     logits: torch.Tensor | None = None    # [b, t, vocab] (with `head`)
+    argmax: torch.Tensor | None = None    # [b, t] int64, the logits' argmax as `argmax` gives it (with `head`)
 
 
 class LayerStack:
@@ -335,12 +336,13 @@ class LayerStack:
         x = x.contiguous()
         cos, sin = cos.expand(b, 1, t, d).contiguous(), sin.expand(b, 1, t, d).contiguous()
         out, tapped = torch.empty_like(x), [torch.empty_like(x) for _ in taps]
-        normed = logits = head_table = None
+        normed = logits = picked = head_table = None
         if head is not None:
             normed, logits = torch.empty_like(x), torch.empty(b, t, head.vocab, dtype=torch.bfloat16)
+            picked = torch.empty(b, t, dtype=torch.int64)
             head_table = ctypes.byref(HeadTable(head.weight.data_ptr(), head.eps, head.packed.data_ptr(),
                                                 head.scales.data_ptr(), head.vocab, head.bits, head.act_bits,
-                                                normed.data_ptr(), logits.data_ptr()))
+                                                normed.data_ptr(), logits.data_ptr(), picked.data_ptr()))
         mask, mask_strides = _mask(visible, b, t, tk)
         rc = library().bd_layers(
             x.data_ptr(), out.data_ptr(), (ctypes.c_int * len(taps))(*taps),
@@ -352,7 +354,7 @@ class LayerStack:
             _isa_code(isa), torch.get_num_threads())
         if rc != 0:
             raise MemoryError(f"decoder layers: no scratch memory for {b * t} rows")
-        return StackOutput(out, tapped, normed, logits)
+        return StackOutput(out, tapped, normed, logits, picked)
 
 
 def _bf16_inference(*tensors: torch.Tensor) -> bool:

@@ -30,6 +30,7 @@ class TargetOutput:
     logits: torch.Tensor              # [batch, rows, vocab] (rows = all or the last `logits_rows`)
     taps: torch.Tensor | None = None  # [batch, seq, len(taps.layers) * hidden]
     hidden: torch.Tensor | None = None  # [batch, seq, hidden] after the final norm, every row
+    argmax: torch.Tensor | None = None  # [batch, rows] the logits' argmax, where the fused CPU step computed it
 
 
 class TargetModel(nn.Module):
@@ -90,13 +91,13 @@ class TargetModel(nn.Module):
         taps = {}
         last = len(self.layers) - 1
         kv = step.kernel_kv() if self.fused is not None and hasattr(step, "kernel_kv") else None
-        logits = None
+        logits = picked = None
         if kv is not None:         # quantized on the CPU: every layer in one kernel call
             head = self.fused.head   # and the final norm and LM head, where every row's logits are wanted
             every_row = logits_rows is None and logits_at is None and head is not None and head.serves(self.norm,
                                                                                                          self.lm_head)
             run = self.fused.run(x, cos, sin, kv, step.visible, list(tap_layers), head=head if every_row else None)
-            x, taps, logits = run.hidden, dict(zip(tap_layers, run.taps)), run.logits
+            x, taps, logits, picked = run.hidden, dict(zip(tap_layers, run.taps)), run.logits, run.argmax
         else:
             for i, layer in enumerate(self.layers):
                 x = layer(x, cos, sin, step, i)
@@ -116,7 +117,7 @@ class TargetModel(nn.Module):
         cap = self.config.final_logit_softcapping
         if cap is not None:                                   # Gemma: cap · tanh(logits / cap)
             logits = torch.tanh(logits / cap) * cap
-        return TargetOutput(logits, packed, hidden)
+        return TargetOutput(logits, packed, hidden, picked)
 
     def embed(self, input_ids: torch.Tensor, step) -> torch.Tensor:
         """What the first layer reads [b, t, H]: the token embeddings as the family's `embed` step
