@@ -10,6 +10,7 @@ pool mirrors the target's block ids; `context_read` gathers its committed rows.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
@@ -78,23 +79,35 @@ class PagedStep:
                                        for s, c in zip(starts, counts)], device=device)
         self.end = max(s + c for s, c in zip(starts, counts))
         self.ragged = min(counts) != t
-        # made once per step, used by every layer: where the real rows go, and what attention reads
+        self.attend = attend
+        # every row's one query sees every key 0..end-1 (a batch of decoding rows at one length)
+        self.sees_all = t == 1 and min(starts) == max(starts)
+        # made once per step, used by every layer: where the real rows go
         slots = self.slots = pool.slots(tables, self.positions)                                # [b, t]
         self.write_slots = slots[self.valid] if self.ragged else slots.view(-1)                # [real rows]
-        self.visible = self.read_slots = None
-        if attend:   # keys 0..end-1 of every row (a row's keys past its own end are masked)
-            self.visible = causal_visibility(self.positions, torch.arange(self.end, device=device)[None])
-            self.read_slots = pool.prefix_slots(tables, self.end)
+
+    @functools.cached_property
+    def visible(self) -> torch.Tensor | None:
+        """[b, 1, t, end]: keys 0..end-1 of every row by position (a row's keys past its own end are masked);
+        None where rows attend only to themselves. Made at first use, once per step."""
+        if not self.attend:
+            return None
+        return causal_visibility(self.positions, torch.arange(self.end, device=self.tables.device)[None])
+
+    @functools.cached_property
+    def read_slots(self) -> torch.Tensor | None:
+        """[b * end]: the slots of keys 0..end-1 of every row (None where rows attend only to themselves)."""
+        return self.pool.prefix_slots(self.tables, self.end) if self.attend else None
 
     def kernel_kv(self) -> KernelKV | None:
         """The pool as the fused CPU layers read it in place (None where a layer lives in a ring, or rows
         attend only to themselves)."""
-        if self.visible is None or self.ring is not None:
+        if not self.attend or self.ring is not None:
             return None
         _, hkv, d = next(iter(self.pool.k.values())).shape
         write = torch.where(self.valid, self.slots, -1).view(-1) if self.ragged else self.write_slots   # [b * t]
         return KernelKV(self.pool.k, self.pool.v, write, self.read_slots.view(self.tables.shape[0], -1), hkv * d, d,
-                        self.pool.pointers())
+                        None if self.sees_all else self.visible, self.pool.pointers())
 
     def kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the real rows of k/v [b, hkv, t, d]; return the K/V attention reads: positions 0..end-1."""
@@ -105,7 +118,7 @@ class PagedStep:
             rows = new.transpose(1, 2)                                                         # [b, t, hkv, d]
             real = rows[self.valid] if self.ragged else rows.reshape(-1, *pool.shape[1:])     # [real rows, hkv, d]
             pool.index_copy_(0, self.write_slots, real)
-        if self.visible is None:
+        if not self.attend:
             return k, v
         return self.pool.read(layer, self.read_slots, self.tables.shape[0])
 

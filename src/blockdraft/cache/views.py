@@ -39,6 +39,7 @@ class KernelKV:
     read_slots: torch.Tensor       # [b, keys] int64, contiguous
     slot_stride: int
     head_stride: int
+    visible: torch.Tensor | None   # [b or 1, 1, t, keys] what each new row sees; None: every key
     pointers: tuple | None = None  # (k, v) buffers' addresses per layer as the kernel takes them, where kept
 
 

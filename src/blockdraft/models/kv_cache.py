@@ -112,4 +112,4 @@ class ContiguousStep:
         b, hkv, cap, d = self.cache.k[0].shape
         base = torch.arange(b, device=self.positions.device)[:, None] * (hkv * cap)                 # [b, 1]
         return KernelKV(self.cache.k, self.cache.v, (base + self.positions).view(-1),
-                        base + torch.arange(self.end, device=base.device), d, cap * d)
+                        base + torch.arange(self.end, device=base.device), d, cap * d, self.visible)

@@ -96,7 +96,7 @@ class TargetModel(nn.Module):
             head = self.fused.head   # and the final norm and LM head, where every row's logits are wanted
             every_row = logits_rows is None and logits_at is None and head is not None and head.serves(self.norm,
                                                                                                          self.lm_head)
-            run = self.fused.run(x, cos, sin, kv, step.visible, list(tap_layers), head=head if every_row else None)
+            run = self.fused.run(x, cos, sin, kv, kv.visible, list(tap_layers), head=head if every_row else None)
             x, taps, logits, picked = run.hidden, dict(zip(tap_layers, run.taps)), run.logits, run.argmax
         else:
             for i, layer in enumerate(self.layers):
