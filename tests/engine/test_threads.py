@@ -5,7 +5,7 @@ import torch
 
 import blockdraft
 from blockdraft.engine.threads import RECENT, ThreadChoice
-from conftest import ASSETS
+from conftest import ASSETS, on_threads
 
 
 def test_picks_the_faster_count_and_follows_a_change():
@@ -54,18 +54,14 @@ def test_output_is_the_same_whichever_count_runs():
     prompts = [[3, 17, 42, 5, 9], [8, 1, 77, 23]]
     params = [blockdraft.SamplingParams(max_tokens=24, ignore_eos=True),
               blockdraft.SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.8, seed=7)]
-    before = torch.get_num_threads()
-    outs = {}
-    try:
-        for threads in (2, 1):
-            torch.set_num_threads(threads)
-            llm = blockdraft.LLM(target=str(ASSETS / "target-qwen3"), drafter=str(ASSETS / "dspark"), max_batch=2)
-            llm.engine.threads.every = 2
-            outs[threads] = [o.token_ids for p in params for o in llm.generate(prompt_token_ids=prompts,
-                                                                               sampling_params=p)]
-            assert torch.get_num_threads() == threads
-            if threads == 2:
-                assert {t for (*_, t) in llm.engine.threads.cost} == {1, 2}
-    finally:
-        torch.set_num_threads(before)
-    assert outs[2] == outs[1]
+
+    def tokens(threads: int) -> list[list[int]]:
+        llm = blockdraft.LLM(target=str(ASSETS / "target-qwen3"), drafter=str(ASSETS / "dspark"), max_batch=2)
+        llm.engine.threads.every = 2
+        out = [o.token_ids for p in params for o in llm.generate(prompt_token_ids=prompts, sampling_params=p)]
+        assert torch.get_num_threads() == threads
+        if threads == 2:
+            assert {t for (*_, t) in llm.engine.threads.cost} == {1, 2}
+        return out
+
+    assert on_threads(2, lambda: tokens(2)) == on_threads(1, lambda: tokens(1))

@@ -4,6 +4,8 @@ one load of the default model with its shipped drafters."""
 import pytest
 import torch
 
+from conftest import on_threads
+
 
 @pytest.fixture(autouse=True)
 def one_thread():
@@ -17,8 +19,4 @@ def one_thread():
 def default_llm():
     from blockdraft.llm import LLM
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    llm = LLM(drafter="dspark", max_batch=1, max_model_len=64, adaptive_speculation=False)
-    torch.set_num_threads(before)
-    return llm
+    return on_threads(1, lambda: LLM(drafter="dspark", max_batch=1, max_model_len=64, adaptive_speculation=False))

@@ -20,6 +20,7 @@ from blockdraft.layers import cpu_kernels
 from blockdraft.layers.deltanet import delta_rule
 from blockdraft.layers.elementwise import lanewise
 from blockdraft.loading import load_drafter, load_models, load_target
+from conftest import on_threads
 
 LAYOUTS = [(False, False), (False, True), (True, False), (True, True)]
 LAYOUT_IDS = ["dense", "dense-multimodal", "moe", "moe-multimodal"]
@@ -182,12 +183,7 @@ def test_delta_rule_kernel_agrees_with_the_torch_spelling_at_any_thread_count():
     valid = torch.tensor([[True] * 6, [True] * 4 + [False] * 2, [True] + [False] * 5])
     decay = lanewise(torch.exp, gate)
     fast = cpu_kernels.delta_rule(state, q, k, v, decay, beta, valid, True)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        single = cpu_kernels.delta_rule(state, q, k, v, decay, beta, valid, True)
-    finally:
-        torch.set_num_threads(threads)
+    single = on_threads(1, lambda: cpu_kernels.delta_rule(state, q, k, v, decay, beta, valid, True))
     assert all(torch.equal(a, c) for a, c in zip(fast, single))
     cpu_kernels_delta = cpu_kernels.delta_rule
     try:
