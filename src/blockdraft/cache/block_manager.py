@@ -54,10 +54,10 @@ class BlockManager:
             del self.free[block]
         self.ref[block] += 1
 
-    def _chain(self, tokens: list[int], n: int):
-        """(index, hash chained over the blocks so far, token ids) of the first `n` full blocks of `tokens`."""
-        parent = 0
-        for i in range(n):
+    def _chain(self, tokens: list[int], n: int, first: int = 0, parent: int = 0):
+        """(index, hash chained over the blocks so far, token ids) of full blocks first..n-1 of `tokens`
+        (`parent`: the chained hash of the blocks before `first`)."""
+        for i in range(first, n):
             ids = tuple(tokens[i * self.page_size:(i + 1) * self.page_size])
             parent = hash((parent, ids))
             yield i, parent, ids
@@ -88,15 +88,22 @@ class BlockManager:
         table.extend(self._take() for _ in range(max(0, need)))
         return True
 
-    def register(self, table: list[int], tokens: list[int], committed: int) -> None:
-        """Make the full blocks among the first `committed` tokens available for prefix hits."""
+    def register(self, table: list[int], tokens: list[int], committed: int,
+                 done: tuple[int, int] = (0, 0)) -> tuple[int, int]:
+        """Make the full blocks among the first `committed` tokens available for prefix hits. `done` is what
+        the last call for this table returned: its first blocks that hold their own hash entry, and their
+        chained hash; those are not hashed again (a decoding sequence registers each block once, not every
+        block every step). Returns the same for the next call."""
         if not self.prefix_caching:
-            return
-        for i, key, ids in self._chain(tokens, committed // self.page_size):
+            return done
+        for i, key, ids in self._chain(tokens, committed // self.page_size, *done):
             block = table[i]
             if self.block_key[block] is None and key not in self.by_hash:
                 self.block_key[block] = (key, ids)
                 self.by_hash[key] = block
+            if done[0] == i and self.block_key[block] == (key, ids):
+                done = (i + 1, key)
+        return done
 
     def release(self, table: list[int]) -> None:
         """Drop a sequence's references; unreferenced blocks return to the free pool (still hit-able)."""

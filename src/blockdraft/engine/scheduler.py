@@ -100,7 +100,9 @@ class Scheduler:
                 seq.pending_taps.append(o.taps[:, :kept])
             seq.num_computed = len(seq.tokens) - 1
             # only blocks whose drafter context is written may be shared
-            self.blocks.register(seq.block_table, seq.tokens, seq.num_drafter_ctx if self.drafting else seq.num_computed)
+            seq.registered = self.blocks.register(seq.block_table, seq.tokens,
+                                                  seq.num_drafter_ctx if self.drafting else seq.num_computed,
+                                                  seq.registered)
         self.policy.record(len(batch.decode), batch.width, out.decode_s - out.catch_up_s, [o.drafted for o in out.decode],
                            [o.accepted for o in out.decode])
         return touched + batch.decode
@@ -146,6 +148,7 @@ class Scheduler:
 
     def _release(self, seq: Sequence) -> None:
         self.blocks.release(seq.block_table)
+        seq.registered = (0, 0)
         if self.ring is not None:
             self.ring.release(seq.ring_row)
         if self.states is not None:

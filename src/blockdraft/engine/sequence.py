@@ -31,6 +31,7 @@ class Sequence:
     generator: torch.Generator | None = None
     tokens: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
+    registered: tuple[int, int] = (0, 0)     # the table's first blocks in the prefix cache, their chained hash
     num_computed: int = 0                    # tokens with committed target KV
     num_drafter_ctx: int = 0                 # tokens with drafter context written (<= num_computed)
     pending_taps: list = field(default_factory=list)  # taps of committed rows not yet drafter context
