@@ -288,7 +288,7 @@ class HeadWeights:
     """A target's final RMSNorm and packed LM head, run by `bd_layers` after the layers where every row's
     logits are wanted (a decoding or verify step): the bits of the norm and head modules over these kernels,
     without a return to Python between. `source`: the (norm, head) modules they came from (`serves` checks
-    that the model still holds them)."""
+    that the model still holds them, with these tensors)."""
     source: tuple
     weight: torch.Tensor                  # [H] bf16, the norm's
     eps: float
@@ -299,7 +299,8 @@ class HeadWeights:
     vocab: int
 
     def serves(self, norm, head) -> bool:
-        return norm is self.source[0] and head is self.source[1]
+        return (norm is self.source[0] and head is self.source[1] and norm.weight is self.weight
+                and head.qweight is self.packed and head.scales is self.scales)
 
 
 @dataclass
