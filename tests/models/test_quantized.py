@@ -287,8 +287,11 @@ def test_fused_layers_write_and_read_the_paged_pool_in_place():
             one = PagedStep(pool, tables[:1], [11], [1])              # a decoding row: it sees every key
             assert one.kernel_kv().visible is None and one.visible.all()
             c = target(ids[:1, 11:], one, (1, 3))
+            two = PagedStep(pool, tables, [7, 7], [1, 1])             # two decoding rows at one length
+            assert two.kernel_kv().visible is None and two.visible.all()
+            d = target(ids[:, 7:8], two, (1, 3))
         outs[fused] = (a.logits[0], a.logits[1, :6], a.taps[1, :6], b.logits[0], b.logits[1, :1], c.logits, c.taps,
-                       pool.k[1], pool.v[2])
+                       d.logits, d.taps, pool.k[1], pool.v[2])
     for x, y in zip(outs[True], outs[False]):
         assert torch.equal(x, y)
 
