@@ -70,9 +70,19 @@ def clock(fn: Callable[[], T]) -> tuple[float, T]:
 
 
 def round_order(names, r: int) -> list:
-    """The modes' order in round `r`: as given, reversed every other round (no mode always runs after
-    the same one)."""
-    return list(names) if r % 2 == 0 else list(names)[::-1]
+    """The modes' order in round `r`, from a balanced Latin square (Williams): over n rounds (2n for an odd
+    number n of modes) every mode runs equally often in each position and right after each other mode. What
+    ran just before a mode sets what it finds in the caches (another process's weights evict its own from a
+    shared L3), so each mode follows each other equally often. Two modes: as given, then reversed."""
+    names = list(names)
+    n = len(names)
+    if n < 2:
+        return names
+    first = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]     # 0, 1, n-1, 2, n-2, ...
+    row = [(i + r) % n for i in first]
+    if n % 2 and (r // n) % 2:
+        row.reverse()
+    return [names[i] for i in row]
 
 
 def side_by_side(modes: dict[str, Callable[[], T]], rounds: int,

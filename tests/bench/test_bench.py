@@ -117,3 +117,24 @@ def test_the_benchmarks_index_names_every_script_and_sub_command():
             if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["COMMANDS"]:
                 for key in node.value.keys:
                     assert f"`{key.value}`" in row.split("|")[3], f"{path.name} {key.value} is not in its index row"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_benchmark_rounds_put_each_mode_after_each_other_equally_often(n):
+    """harness.round_order: over n rounds (2n for odd n) each mode runs equally often in each position and right
+    after each other mode (what ran before a mode sets what it finds in a shared cache); two modes alternate."""
+    import importlib.util
+    from collections import Counter
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("harness", Path(__file__).parents[2] / "benchmarks" / "harness.py")
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    names = ["plain", "fixed", "adaptive", "llamacpp", "other"][:n]
+    rows = [harness.round_order(names, r) for r in range(n if n % 2 == 0 else 2 * n)]
+    assert all(sorted(row) == sorted(names) for row in rows)
+    assert len(set(Counter((m, row.index(m)) for row in rows for m in row).values())) == 1
+    after = Counter((row[i], row[i + 1]) for row in rows for i in range(n - 1))
+    assert len(after) == n * (n - 1) and len(set(after.values())) <= 1
+    if n == 2:
+        assert rows == [names, names[::-1]]
