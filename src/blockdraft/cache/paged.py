@@ -26,7 +26,7 @@ class PagedKVPool:
         shape = (num_blocks * page_size, num_kv_heads, head_dim)
         self.k = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
         self.v = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
-        self._offsets: torch.Tensor | None = None      # arange(page_size), made once
+        self.offsets = torch.arange(page_size, device=device)     # a page's positions, for `prefix_slots`
         self._pointers: tuple | None = None
 
     def slots(self, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -37,9 +37,7 @@ class PagedKVPool:
     def prefix_slots(self, tables: torch.Tensor, length: int) -> torch.Tensor:
         """Flat slot ids of positions 0..length-1 of every row [b * length] (what `read` takes)."""
         b, pages = tables.shape[0], -(-length // self.page_size)
-        if self._offsets is None or self._offsets.device != tables.device:
-            self._offsets = torch.arange(self.page_size, device=tables.device)
-        every = tables[:, :pages, None] * self.page_size + self._offsets            # [b, pages, page_size]
+        every = tables[:, :pages, None] * self.page_size + self.offsets             # [b, pages, page_size]
         return every.view(b, -1)[:, :length].reshape(-1)
 
     def pointers(self) -> tuple:

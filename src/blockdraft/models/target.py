@@ -91,19 +91,20 @@ class TargetModel(nn.Module):
         taps = {}
         last = len(self.layers) - 1
         kv = step.kernel_kv() if self.fused is not None and hasattr(step, "kernel_kv") else None
-        logits = picked = None
+        logits = picked = normed = None
         if kv is not None:         # quantized on the CPU: every layer in one kernel call
             head = self.fused.head   # and the final norm and LM head, where every row's logits are wanted
             every_row = logits_rows is None and logits_at is None and head is not None and head.serves(self.norm,
                                                                                                          self.lm_head)
             run = self.fused.run(x, cos, sin, kv, kv.visible, list(tap_layers), head=head if every_row else None)
-            x, taps, logits, picked = run.hidden, dict(zip(tap_layers, run.taps)), run.logits, run.argmax
+            x, taps = run.hidden, dict(zip(tap_layers, run.taps))
+            normed, logits, picked = run.normed, run.logits, run.argmax
         else:
             for i, layer in enumerate(self.layers):
                 x = layer(x, cos, sin, step, i)
                 if i in tap_layers:
                     taps[i] = x
-        x = self.norm(x) if logits is None else run.normed
+        x = self.norm(x) if normed is None else normed
         if last in tap_layers and spec.point == "hidden_states":
             taps[last] = x  # HF hidden_states[-1] is after the final norm
         hidden = x
