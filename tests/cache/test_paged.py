@@ -48,3 +48,24 @@ def test_causal_visibility_is_the_rule_by_position(window, causal, shared_keys):
 
     want = [[[sees(q, k) for k in keys[b]] for q in row] for b, row in enumerate(q_pos.tolist())]
     assert causal_visibility(q_pos, k_pos, window, causal)[:, 0].tolist() == want
+
+
+def test_a_slot_row_keeps_the_block_tables_slots_as_the_sequence_grows():
+    """A decoding sequence's kept slots equal the block table's, position by position, as it grows past pages
+    and past the row's capacity, and are read anew when the table no longer starts with the same blocks."""
+    from blockdraft.cache.paged import SlotRow
+    row, table = SlotRow(PAGE), [3, 1]
+    row.sync(table, 6)
+    for end in range(7, 700):
+        if end > PAGE * len(table):
+            table.append(len(table) + 3)
+        row.sync(table, end)
+        assert row.end == end and row.slots[end - 1].item() == slot(table, end - 1)
+    assert row.slots[:699].tolist() == [slot(table, p) for p in range(699)]
+    pool = PagedKVPool([0, 1], num_blocks=200, page_size=PAGE, num_kv_heads=2, head_dim=16, dtype=torch.bfloat16)
+    kv = pool.row_kv(row, 698)
+    assert (kv.write, kv.read, kv.keys) == (row.slots.data_ptr() + 8 * 698, row.slots.data_ptr(), 699)
+    assert (kv.slot_stride, kv.head_stride) == (32, 16) and kv.pointers is pool.pointers()
+    again = [7, 8]                                      # released and allocated again
+    row.sync(again, 5)
+    assert row.slots[:5].tolist() == [slot(again, p) for p in range(5)]

@@ -325,3 +325,66 @@ def test_a_kernel_that_does_not_build_is_reported_and_fails_ci(tmp_path, ci):
                          cwd=Path(__file__).parents[2], timeout=300)
     assert "blockdraft's CPU kernels did not build" in run.stdout, run.stdout[-2000:]
     assert (run.returncode != 0) == (ci == "true"), run.stdout[-2000:]
+
+
+def head_dim_32_target(scheme: str):
+    """A random Qwen3 target whose heads (32 wide) take the rotary table, quantized: what `fused_row` runs."""
+    import dataclasses
+    from blockdraft.layers.quant import quantize_target
+    from blockdraft.models.target import TargetModel
+    cfg = load_target(ASSETS / "target-qwen3", "bfloat16", "none").config
+    torch.manual_seed(4)
+    model = TargetModel(dataclasses.replace(cfg, head_dim=32)).to(torch.bfloat16).eval().requires_grad_(False)
+    return quantize_target(model, scheme)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no C compiler: the layers run unfused")
+@pytest.mark.parametrize("point", ["hidden_states", "layer_output"])
+def test_a_decoding_row_from_addresses_gives_the_steps_bits(point):
+    """`fused_row` (the embedding's and rotary table's rows and the kept slots handed over as addresses) gives
+    a one-row paged step's logits, argmax, taps (either tap point) and cache writes, bit for bit, across pages."""
+    from blockdraft.cache.paged import SlotRow
+    from blockdraft.config import Taps
+    target = head_dim_32_target("int4")
+    cfg = target.config
+    taps = Taps((1, cfg.num_layers - 1), point)
+    ids = torch.randint(0, cfg.vocab_size, (1, 19), generator=torch.Generator().manual_seed(2)).tolist()[0]
+    table = [5, 2, 7, 0, 3, 6]
+    outs = {}
+    for by_row in (True, False):
+        pool = PagedKVPool(list(range(cfg.num_layers)), 8, 4, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+        row, got = SlotRow(4), []
+        with torch.inference_mode():
+            target(torch.tensor([ids[:6]]), PagedStep(pool, pad_tables([table]), [0], [6]))
+            for p in range(6, len(ids)):
+                if by_row:
+                    row.sync(table, p + 1)
+                    out = target.fused_row(ids[p], p, pool.row_kv(row, p), taps)
+                else:
+                    out = target(torch.tensor([[ids[p]]]), PagedStep(pool, pad_tables([table]), [p], [1]), taps)
+                got.append((out.logits.clone(), out.argmax.clone(), out.taps, out.hidden.clone()))
+        outs[by_row] = (got, pool.k[1].clone(), pool.v[3].clone())
+    for (a, b) in zip(outs[True][0], outs[False][0]):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert torch.equal(outs[True][1], outs[False][1]) and torch.equal(outs[True][2], outs[False][2])
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no C compiler: the layers run unfused")
+def test_a_decoding_row_needs_the_whole_model_in_the_fused_step():
+    """fused_row declines (None) where the stack does not hold the model's head, or its heads are not a multiple
+    of 32 wide (no rotary table); an id outside the embedding is refused by name before any work."""
+    from blockdraft.cache.paged import SlotRow
+    target = head_dim_32_target("int4")
+    cfg = target.config
+    pool = PagedKVPool(list(range(cfg.num_layers)), 8, 4, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+    row = SlotRow(4)
+    row.sync([1], 1)
+    with torch.inference_mode():
+        assert target.fused_row(3, 0, pool.row_kv(row, 0)) is not None
+        with pytest.raises(ValueError, match=f"token id {cfg.vocab_size}"):
+            target.fused_row(cfg.vocab_size, 0, pool.row_kv(row, 0))
+        old = target.lm_head
+        target.lm_head = QuantizedLinear(old.weight.flip(0), None, old.scheme, old.kernel)
+        assert target.fused_row(3, 0, pool.row_kv(row, 0)) is None
+        narrow = load_target(ASSETS / "target-qwen3", "bfloat16", "int4")       # 16-wide heads
+        assert narrow.fused is not None and narrow.fused_row(3, 0, pool.row_kv(row, 0)) is None

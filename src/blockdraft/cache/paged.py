@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from .views import ContextRead, KernelKV, causal_visibility
+from .views import ContextRead, KernelKV, RowKV, causal_visibility
 
 
 class PagedKVPool:
@@ -48,10 +48,49 @@ class PagedKVPool:
                                    for bufs in (self.k, self.v))
         return self._pointers
 
+    def row_kv(self, row: SlotRow, position: int) -> RowKV:
+        """The kernel's view of one decoding row at `position`, its slots kept in `row` (synced past it)."""
+        _, hkv, d = next(iter(self.k.values())).shape
+        return RowKV(self.pointers(), row.address(position), row.address(0), position + 1, hkv * d, d)
+
     def read(self, layer: int, slots: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V at `prefix_slots(tables, length)` -> [b, hkv, length, d] each."""
         k, v = self.k[layer].index_select(0, slots), self.v[layer].index_select(0, slots)
         return k.view(b, -1, *k.shape[1:]).transpose(1, 2), v.view(b, -1, *v.shape[1:]).transpose(1, 2)
+
+
+class SlotRow:
+    """One sequence's flat slot ids of positions 0..end-1 in a pool of `page_size` pages, kept from step to step
+    so that a decoding step adds its one new position instead of reading the whole block table again: the
+    addresses `LayerStack.run_row` takes. A table is only appended to while its sequence runs; one that no
+    longer starts with the blocks the row was made from (released, then allocated again) is read anew."""
+
+    def __init__(self, page_size: int):
+        self.page_size = page_size
+        self.blocks: list[int] = []                       # the table's first blocks, as the slots were made from
+        self.end = 0                                      # positions with their slot written
+        self.slots = torch.empty(0, dtype=torch.int64)    # [capacity]
+        self._ids = None                                  # ctypes view of `slots`
+
+    def sync(self, table: list[int], end: int) -> None:
+        """Slots of positions 0..end-1 from `table` (the sequence's block ids)."""
+        n = len(self.blocks)
+        if table[:n] != self.blocks:
+            self.blocks, self.end, n = [], 0, 0
+        if end > self.slots.shape[0]:
+            grown = torch.empty(max(end, 2 * self.slots.shape[0], 256), dtype=torch.int64)
+            grown[:self.end] = self.slots[:self.end]
+            self.slots, self._ids = grown, (ctypes.c_int64 * grown.shape[0]).from_address(grown.data_ptr())
+        self.blocks += table[n:-(-end // self.page_size)]
+        ids, size = self._ids, self.page_size
+        for p in range(self.end, end):
+            ids[p] = table[p // size] * size + p % size
+        self.end = end
+
+    def address(self, position: int) -> int:
+        """Where the slot of `position` (< end) is kept: a one-element array for the kernel's write, and the
+        start of the row's keys 0..position for its read."""
+        return self.slots.data_ptr() + 8 * position
 
 
 def pad_tables(tables: list[list[int]], device: torch.device | str = "cpu") -> torch.Tensor:

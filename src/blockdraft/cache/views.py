@@ -43,6 +43,20 @@ class KernelKV:
     pointers: tuple | None = None  # (k, v) buffers' addresses per layer as the kernel takes them, where kept
 
 
+@dataclass(frozen=True)
+class RowKV:
+    """Where one decoding row's fused CPU step (`cpu_kernels.LayerStack.run_row`) writes and reads K/V in place,
+    as addresses: layer i's buffers at pointers[0][i] (K) and pointers[1][i] (V); the row's new K/V go to the
+    slot kept at `write` (one int64), and it reads keys 0..keys-1 from the slots kept at `read` (int64 each)."""
+
+    pointers: tuple
+    write: int
+    read: int
+    keys: int
+    slot_stride: int
+    head_stride: int
+
+
 def causal_visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None = None,
                       causal: bool = True) -> torch.Tensor:
     """Visibility by absolute position: q_pos [b, tq], k_pos [b, tk] -> [b, 1, tq, tk].

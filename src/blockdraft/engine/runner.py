@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import abc
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 
-from ..cache.paged import PagedKVPool, PagedStep, context_read, pad_tables
+from ..cache.paged import PagedKVPool, PagedStep, SlotRow, context_read, pad_tables
 from ..cache.plan import CachePlan
 from ..cache.ring import DrafterRing
 from ..cache.state import StatePool
@@ -111,6 +112,7 @@ class ModelRunner(StepRunner):
         self.states = states          # a hybrid target's recurrent state (cache/state.py), or None
         self.taps = drafter.config.taps if drafter is not None else ()
         self.confidence_threshold = confidence_threshold
+        self.rows: weakref.WeakKeyDictionary[Sequence, SlotRow] = weakref.WeakKeyDictionary()   # see _row_pass
 
     @classmethod
     def on_pools(cls, target: TargetModel, drafter: BlockDrafter | None, spec: ModelSpec, plan: CachePlan,
@@ -166,6 +168,9 @@ class ModelRunner(StepRunner):
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence], n_drafts: list[int]) -> list[SeqOutput]:
+        if len(seqs) == 1 and n_drafts[0] == 0 and (out := self._row_pass(seqs[0])) is not None:
+            s = seqs[0]
+            return [verify(s, [s.tokens[-1]], out.logits[0], [int(out.argmax)], None, out.taps, 0)]
         tables = self._tables(seqs)
         starts = [len(s.tokens) - 1 for s in seqs]                  # anchor positions
         written = self.flush_context(seqs) if max(n_drafts) > 0 else [0] * len(seqs)
@@ -179,6 +184,17 @@ class ModelRunner(StepRunner):
                 for i, (s, block) in enumerate(zip(seqs, blocks))]
         self._commit_state(seqs, step, [1 + o.accepted for o in outs])      # anchor + accepted drafts
         return outs
+
+    def _row_pass(self, seq: Sequence):
+        """A lone decoding row without drafts through `TargetModel.fused_row` (no tensor made for its inputs),
+        its slots kept from step to step in `rows`; None where that pass does not take the target."""
+        if self.states is not None or self.target.fused is None:
+            return None
+        position = len(seq.tokens) - 1
+        if (row := self.rows.get(seq)) is None:
+            row = self.rows[seq] = SlotRow(self.target_pool.page_size)
+        row.sync(seq.block_table, position + 1)
+        return self.target.fused_row(seq.tokens[-1], position, self.target_pool.row_kv(row, position), self.taps)
 
     def _target_step(self, seqs: list[Sequence], tables: torch.Tensor, starts: list[int],
                      counts: list[int]) -> PagedStep:

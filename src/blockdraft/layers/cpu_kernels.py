@@ -321,6 +321,7 @@ class LayerStack:
         self.layers = layers
         self.table = (LayerTable * len(layers))(*(w.table for w in layers))
         self.head: HeadWeights | None = None
+        self._row: tuple | None = None      # run_row's outputs and their head table, made once per head
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv, visible: torch.Tensor | None,
             taps: list[int] = (), isa: str | None = None, head: HeadWeights | None = None) -> StackOutput:
@@ -329,33 +330,63 @@ class LayerStack:
         the layers' PyTorch spelling over these kernels. Each layer writes its new K/V rows and reads its keys
         where `kv` (a step's `KernelKV`) says, visible where `visible` [b or 1, 1, t, keys] says (None: all).
         cos/sin [b, 1, t, d]."""
-        w, n = self.layers[0], len(self.layers)
-        if any(not 0 <= i < n for i in taps):
-            raise ValueError(f"tap layers {list(taps)}: the model has layers 0..{n - 1}")
+        self._check_taps(taps)
         b, t, H = x.shape
-        d, tk = w.head_dim, kv.read_slots.shape[1]
+        d, tk, n = self.layers[0].head_dim, kv.read_slots.shape[1], len(self.layers)
         x = x.contiguous()
         cos, sin = cos.expand(b, 1, t, d).contiguous(), sin.expand(b, 1, t, d).contiguous()
-        out, tapped = torch.empty_like(x), [torch.empty_like(x) for _ in taps]
-        normed = logits = picked = head_table = None
+        out = StackOutput(torch.empty_like(x), [torch.empty_like(x) for _ in taps])
+        head_table = None
         if head is not None:
-            normed, logits = torch.empty_like(x), torch.empty(b, t, head.vocab, dtype=torch.bfloat16)
-            picked = torch.empty(b, t, dtype=torch.int64)
-            head_table = ctypes.byref(HeadTable(head.weight.data_ptr(), head.eps, head.packed.data_ptr(),
-                                                head.scales.data_ptr(), head.vocab, head.bits, head.act_bits,
-                                                normed.data_ptr(), logits.data_ptr(), picked.data_ptr()))
+            out.normed, out.logits = torch.empty_like(x), torch.empty(b, t, head.vocab, dtype=torch.bfloat16)
+            out.argmax = torch.empty(b, t, dtype=torch.int64)
+            head_table = self._head_table(head, out)
         mask, mask_strides = _mask(visible, b, t, tk)
+        pointers = kv.pointers or [(ctypes.c_void_p * n)(*(bufs[i].data_ptr() for i in range(n))) for bufs in (kv.k, kv.v)]
+        self._call(x.data_ptr(), out, taps, b, t, cos.data_ptr(), sin.data_ptr(), pointers, kv.write_slots.data_ptr(),
+                   kv.read_slots.data_ptr(), tk, kv.slot_stride, kv.head_stride, mask, mask_strides, head_table, isa)
+        return out
+
+    def run_row(self, x: int, cos: int, sin: int, kv, taps: list[int] = ()) -> StackOutput:
+        """One decoding row through every layer and the head (`head`, which must be set), from addresses: x the
+        row's H bf16 inputs, cos/sin its d bf16 rotary values, `kv` a `RowKV` (its slots as int64 arrays). No
+        tensor is made but the taps: the hidden, normed, logits and argmax outputs are this stack's own and the
+        next `run_row` overwrites them."""
+        self._check_taps(taps)
+        if self._row is None or self._row[0] is not self.head:
+            H = self.layers[0].norm1.shape[0]
+            out = StackOutput(torch.empty(1, 1, H, dtype=torch.bfloat16), [], torch.empty(1, 1, H, dtype=torch.bfloat16),
+                              torch.empty(1, 1, self.head.vocab, dtype=torch.bfloat16), torch.empty(1, 1, dtype=torch.int64))
+            self._row = (self.head, out, self._head_table(self.head, out))
+        _, out, head_table = self._row
+        out = StackOutput(out.hidden, [torch.empty_like(out.hidden) for _ in taps], out.normed, out.logits, out.argmax)
+        self._call(x, out, taps, 1, 1, cos, sin, kv.pointers, kv.write, kv.read, kv.keys, kv.slot_stride,
+                   kv.head_stride, None, None, head_table, None)
+        return out
+
+    def _check_taps(self, taps: list[int]) -> None:
+        if any(not 0 <= i < len(self.layers) for i in taps):
+            raise ValueError(f"tap layers {list(taps)}: the model has layers 0..{len(self.layers) - 1}")
+
+    @staticmethod
+    def _head_table(head: HeadWeights, out: StackOutput):
+        return ctypes.byref(HeadTable(head.weight.data_ptr(), head.eps, head.packed.data_ptr(), head.scales.data_ptr(),
+                                      head.vocab, head.bits, head.act_bits, out.normed.data_ptr(),
+                                      out.logits.data_ptr(), out.argmax.data_ptr()))
+
+    def _call(self, x: int, out: StackOutput, taps: list[int], b: int, t: int, cos: int, sin: int, pointers,
+              write: int, read: int, tk: int, slot_stride: int, head_stride: int, mask, mask_strides, head_table,
+              isa: str | None) -> None:
+        w, n = self.layers[0], len(self.layers)
+        d = w.head_dim
         rc = library().bd_layers(
-            x.data_ptr(), out.data_ptr(), (ctypes.c_int * len(taps))(*taps),
-            (ctypes.c_void_p * len(taps))(*(y.data_ptr() for y in tapped)), len(taps), b, t, self.table, n, H,
-            w.heads, w.kv_heads, d, w.intermediate, w.bits, w.act_bits, w.eps, d ** -0.5, cos.data_ptr(), sin.data_ptr(),
-            *(kv.pointers or [(ctypes.c_void_p * n)(*(bufs[i].data_ptr() for i in range(n))) for bufs in (kv.k, kv.v)]),
-            kv.write_slots.data_ptr(),
-            kv.read_slots.data_ptr(), tk, kv.slot_stride, kv.head_stride, mask, mask_strides, head_table,
-            _isa_code(isa), torch.get_num_threads())
+            x, out.hidden.data_ptr(), (ctypes.c_int * len(taps))(*taps),
+            (ctypes.c_void_p * len(taps))(*(y.data_ptr() for y in out.taps)), len(taps), b, t, self.table, n,
+            out.hidden.shape[-1], w.heads, w.kv_heads, d, w.intermediate, w.bits, w.act_bits, w.eps, d ** -0.5, cos,
+            sin, *pointers, write, read, tk, slot_stride, head_stride, mask, mask_strides, head_table, _isa_code(isa),
+            torch.get_num_threads())
         if rc != 0:
             raise MemoryError(f"decoder layers: no scratch memory for {b * t} rows")
-        return StackOutput(out, tapped, normed, logits, picked)
 
 
 def _bf16_inference(*tensors: torch.Tensor) -> bool:

@@ -77,13 +77,34 @@ def _yarn(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
     return inv_freq, float(attention_factor)
 
 
+TABLE_ELEMENTS = 16384   # elements of one cos/sin call while a table grows: below PyTorch's grain size (32768), so
+                         # the call runs on one thread, and its vectorized loop covers every element where the
+                         # head dim is a multiple of 32 (a split or a scalar tail would round otherwise)
+
+
 class Rotary:
     """cos/sin tables at absolute positions; not an nn.Module (no state to load)."""
 
     def __init__(self, rope: RopeConfig, head_dim: int):
         self.inv_freq, self.scaling = inverse_frequencies(rope, head_dim)
+        self.head_dim = head_dim
         half = head_dim // 2
         self.sign = torch.tensor([-1.0] * half + [1.0] * (head_dim - half), device="cpu")   # negates sin's first half
+        self._table: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def table(self, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """cos, sin [>= end, head_dim] in `dtype` on the CPU, row p the bits `cos_sin` gives position p (made in
+        calls of `TABLE_ELEMENTS`, kept and grown as positions come); None where the head dim is not a multiple
+        of 32 (there the bits of a longer call could differ from a one-row call's)."""
+        if self.head_dim % 32 or self.inv_freq.device.type != "cpu":
+            return None
+        if self._table is None or self._table[0].dtype != dtype:
+            self._table = (torch.empty(0, self.head_dim, dtype=dtype), torch.empty(0, self.head_dim, dtype=dtype))
+        have, chunk = self._table[0].shape[0], TABLE_ELEMENTS // self.head_dim
+        if end > have:                                          # doubled, so that growing costs O(end) in all
+            parts = [self.cos_sin(torch.arange(a, a + chunk)[None], dtype) for a in range(have, max(end, 2 * have), chunk)]
+            self._table = tuple(torch.cat([old] + [p[i][0, 0] for p in parts]) for i, old in enumerate(self._table))
+        return self._table
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [batch, seq] -> cos, sin [batch, 1, seq, head_dim] (broadcast over heads), sin's

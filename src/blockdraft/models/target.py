@@ -20,8 +20,11 @@ from torch import nn
 from ..cache.state import StatePool
 from ..config import Taps, TargetConfig
 from ..layers import cpu_kernels as kernels
+from ..cache.views import RowKV
 from ..layers.linear import StableLinear
+from ..layers.rope import Rotary
 from .kv_cache import KVCache
+from .family import unchanged_embeddings
 from .registry import family_of
 
 
@@ -119,6 +122,33 @@ class TargetModel(nn.Module):
         if cap is not None:                                   # Gemma: cap · tanh(logits / cap)
             logits = torch.tanh(logits / cap) * cap
         return TargetOutput(logits, packed, hidden, picked)
+
+    def fused_row(self, token: int, position: int, kv: RowKV, tap_layers: Taps | tuple[int, ...] = ()
+                  ) -> TargetOutput | None:
+        """One decoding row, `token` at `position`, as `forward` computes it with every row's logits, in one
+        `LayerStack.run_row` call from addresses: the embedding's row, the rotary table's row and `kv`'s slots,
+        no tensor made for them. None where that call does not take this model (no fused layers or head, an
+        embedding step or rotary that is not plain). The logits, hidden and argmax are overwritten by the next
+        call."""
+        fused = self.fused
+        if (fused is None or fused.head is None or not fused.head.serves(self.norm, self.lm_head)
+                or self.family.embed is not unchanged_embeddings):
+            return None
+        table = self.rotary.table(position + 1, self.dtype) if isinstance(self.rotary, Rotary) else None
+        weight = self.embed_tokens.weight
+        if table is None or not weight.is_contiguous():
+            return None
+        if not 0 <= token < weight.shape[0]:
+            raise ValueError(f"token id {token}: the embedding has ids 0..{weight.shape[0] - 1}")
+        spec = tap_layers if isinstance(tap_layers, Taps) else Taps(tuple(tap_layers))
+        row, at = weight.shape[1] * weight.element_size(), position * table[0].shape[1] * table[0].element_size()
+        run = fused.run_row(weight.data_ptr() + token * row, table[0].data_ptr() + at, table[1].data_ptr() + at, kv,
+                            list(spec.layers))
+        taps = dict(zip(spec.layers, run.taps))
+        if len(self.layers) - 1 in taps and spec.point == "hidden_states":
+            taps[len(self.layers) - 1] = run.normed           # HF hidden_states[-1] is after the final norm
+        packed = torch.cat([taps[i] for i in spec.layers], dim=-1) if spec.layers else None
+        return TargetOutput(run.logits, packed, run.normed, run.argmax)
 
     def embed(self, input_ids: torch.Tensor, step) -> torch.Tensor:
         """What the first layer reads [b, t, H]: the token embeddings as the family's `embed` step
