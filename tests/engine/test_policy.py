@@ -250,3 +250,35 @@ def test_while_plain_the_looks_also_measure_the_deep_slots():
     assert picks[1:1 + WIDE_TRIES] == [8] * WIDE_TRIES and picks[5:20] == [0] * 15    # width 1 measured: plain
     assert 8 in picks[1 + WIDE_TRIES:200]                                  # a look at the widest ...
     assert sum(w >= 4 for w in picks[400:]) > 0.8 * 200                    # ... and the wide widths win
+
+
+def simulate(policy: DraftWidthPolicy, steps: int, upkeep_per_plain_step: float, accepted: int) -> tuple[float, int]:
+    """Tokens per second of a synthetic machine (a plain step 1.0, each verify row 0.25) and drafter (the first
+    `accepted` drafts kept) whose context costs `upkeep_per_plain_step` for each plain step, written at the next
+    drafting step as the runner does; and how many steps drafted."""
+    cost = {w: 1.0 + 0.25 * w for w in policy.widths}
+    seconds = tokens = 0.0
+    owed = drafting = 0
+    for _ in range(steps):
+        w = policy.choose(1)
+        upkeep = owed * upkeep_per_plain_step if w else 0.0
+        owed, drafting = (0, drafting + 1) if w else (owed + 1, drafting)
+        policy.record(1, w, cost[w], [w], [min(w, accepted)], upkeep)
+        seconds += cost[w] + upkeep
+        tokens += 1 + min(w, accepted)
+    return tokens / seconds, drafting
+
+
+def test_a_look_from_plain_counts_the_drafter_context_it_must_write_first():
+    """A drafter that never pays, whose context costs 5% of a plain step for each plain step it missed: its
+    looks and their context together stay within the look budget;
+    a cheap context leaves the looks as they were, and a paying drafter still drafts."""
+    rate, looks = simulate(DraftWidthPolicy(8), 20000, 0.05, 0)
+    assert rate >= 0.99 and looks < 10
+    assert simulate(DraftWidthPolicy(8), 20000, 0.0, 0)[1] > 100
+    rate, drafting = simulate(DraftWidthPolicy(8), 20000, 0.05, 8)
+    assert rate > 2.9 and drafting > 19000
+    measured = DraftWidthPolicy(8)
+    simulate(measured, 2000, 0.05, 0)
+    kept = DraftWidthPolicy(8)
+    assert kept.restore(measured.state()) and kept.upkeep == measured.upkeep == {1: pytest.approx(0.05)}

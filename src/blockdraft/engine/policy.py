@@ -35,10 +35,12 @@ a width next to the best one (a plain step among them while drafting, so its cos
 stale; the widest among them while plain, since a look at width 1 measures slot 1 alone and the
 deep slots' estimates may rest on a few unlucky measuring steps) is taken only when the credit
 covers what the look is expected to lose against the best width, and at most once in `min_gap`
-steps. A look also writes the drafter context the plain steps before it owed, which its expected
-loss leaves out, so a drafter that cannot pay here costs a few times `explore_share` of decoding
-time (measured at 0.01: 1.5-4%); a smaller share looks less often, and so finds a paying width
-later after unlucky measuring steps (docs/benchmarks.md).
+steps. A look from plain decoding first writes the drafter context the plain steps before it owed:
+its expected loss counts that too, at the time per owed step the last such write took (`upkeep`), so
+a drafter whose context costs more a step than the budget earns is not looked at again in that
+stretch (left out, a drafter that cannot pay here cost a few times the share: measured at 0.01,
+1.5-4%); a smaller share looks less often, and so finds a paying width later after unlucky
+measuring steps (docs/benchmarks.md).
 A machine whose verify is cheap (AMX) drafts wide while one whose verify is dear (emulated bf16,
 large batches) drafts narrow or not at all.
 
@@ -77,6 +79,8 @@ class DraftWidthPolicy:
         self.looks: defaultdict[int, int] = defaultdict(int)        # bucket -> looks taken (rotates the target)
         self.wide_steps = 0                                   # steps this process took at the widest width
         self.plain_recent: defaultdict[int, deque] = defaultdict(lambda: deque(maxlen=PLAIN_LOW))  # bucket -> s
+        self.owed: defaultdict[int, int] = defaultdict(int)         # bucket -> plain steps since it last drafted
+        self.upkeep: dict[int, float] = {}                          # bucket -> s of drafter context per owed step
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -142,6 +146,8 @@ class DraftWidthPolicy:
         look = near[self.looks[b] % len(near)]
         cost = self._cost(b, look)
         loss = self.cost[(b, 0)] if cost is None else cost - self.expected_tokens(look) / rate[best]
+        if look and not best:                # the context the plain steps since the last drafting step owe
+            loss += self.upkeep.get(b, 0.0) * self.owed[b]
         if self.credit[b] < loss:
             return best
         self.credit[b], self.since_look[b] = 0.0, 0
@@ -151,7 +157,7 @@ class DraftWidthPolicy:
     def state(self) -> dict:
         """What was measured: step cost per (batch bucket, width) and per-slot acceptance counts."""
         return {"max_width": self.max_width, "cost": [[b, w, s] for (b, w), s in sorted(self.cost.items())],
-                "trials": self.trials, "hits": self.hits}
+                "trials": self.trials, "hits": self.hits, "upkeep": [[b, s] for b, s in sorted(self.upkeep.items())]}
 
     def restore(self, state: dict, weight: int = 256) -> bool:
         """Start from an earlier `state()` of the same width (False: not one); its acceptance counts
@@ -163,8 +169,11 @@ class DraftWidthPolicy:
         if len(hits) != len(trials) or not all(0 <= h <= t for h, t in zip(hits, trials)) or \
                 not all(w in self.widths and s > 0 for (_, w), s in cost.items()):
             return False
+        upkeep = {int(b): float(s) for b, s in state.get("upkeep", ())}     # (absent from older states)
+        if not all(s >= 0 for s in upkeep.values()):
+            return False
         scale = min(1.0, weight / max(1, trials[1] if len(trials) > 1 else 0))
-        self.cost = cost
+        self.cost, self.upkeep = cost, upkeep
         for b in {b for b, _ in cost}:
             self._monotone(b)
         if any(w for _, w in cost):          # an earlier process measured the slots: no need to again
@@ -179,8 +188,10 @@ class DraftWidthPolicy:
         for w in sorted((w for bb, w in self.cost if bb == b), reverse=True):
             self.cost[(b, w)] = cheapest_wider = min(self.cost[(b, w)], cheapest_wider)
 
-    def record(self, batch: int, width: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
-        """One decode step: its time at `width`, and each sequence's drafted / accepted counts."""
+    def record(self, batch: int, width: int, seconds: float, drafted: list[int], accepted: list[int],
+               upkeep: float = 0.0) -> None:
+        """One decode step: its time at `width` (without `upkeep`, the time of the drafter context it wrote for
+        earlier steps that did not draft), and each sequence's drafted / accepted counts."""
         key = (self.bucket(batch), width)
         measuring = width == self.max_width and self.wide_steps < WIDE_TRIES
         self.wide_steps += width == self.max_width
@@ -195,6 +206,9 @@ class DraftWidthPolicy:
             self.plain_recent[key[0]].append(seconds)
         self._monotone(key[0])
         self.credit[key[0]] += self.explore_share * seconds
+        if width and self.owed[key[0]] and upkeep:
+            self.upkeep[key[0]] = upkeep / self.owed[key[0]]
+        self.owed[key[0]] = 0 if width else self.owed[key[0]] + 1
         for n, a in zip(drafted, accepted):
             for i in range(1, n + 1):
                 self.trials[i] += 1

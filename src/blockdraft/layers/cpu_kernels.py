@@ -310,6 +310,7 @@ class StackOutput:
     normed: torch.Tensor | None = None    # [b, t, H] after the final norm (with `head`)
     logits: torch.Tensor | None = None    # [b, t, vocab] (with `head`)
     argmax: torch.Tensor | None = None    # [b, t] int64, the logits' argmax as `argmax` gives it (with `head`)
+    packed: torch.Tensor | None = None    # [b, t, len(taps) * H] the taps side by side, in their order (run_row)
 
 
 class LayerStack:
@@ -343,15 +344,16 @@ class LayerStack:
             head_table = self._head_table(head, out)
         mask, mask_strides = _mask(visible, b, t, tk)
         pointers = kv.pointers or [(ctypes.c_void_p * n)(*(bufs[i].data_ptr() for i in range(n))) for bufs in (kv.k, kv.v)]
-        self._call(x.data_ptr(), out, taps, b, t, cos.data_ptr(), sin.data_ptr(), pointers, kv.write_slots.data_ptr(),
+        self._call(x.data_ptr(), out, taps, [y.data_ptr() for y in out.taps], b, t, cos.data_ptr(), sin.data_ptr(),
+                   pointers, kv.write_slots.data_ptr(),
                    kv.read_slots.data_ptr(), tk, kv.slot_stride, kv.head_stride, mask, mask_strides, head_table, isa)
         return out
 
     def run_row(self, x: int, cos: int, sin: int, kv, taps: list[int] = ()) -> StackOutput:
         """One decoding row through every layer and the head (`head`, which must be set), from addresses: x the
         row's H bf16 inputs, cos/sin its d bf16 rotary values, `kv` a `RowKV` (its slots as int64 arrays). No
-        tensor is made but the taps: the hidden, normed, logits and argmax outputs are this stack's own and the
-        next `run_row` overwrites them."""
+        tensor is made but the taps (`packed`, one tensor): the hidden, normed, logits and argmax outputs are
+        this stack's own and the next `run_row` overwrites them."""
         self._check_taps(taps)
         if self._row is None or self._row[0] is not self.head:
             H = self.layers[0].norm1.shape[0]
@@ -359,10 +361,11 @@ class LayerStack:
                               torch.empty(1, 1, self.head.vocab, dtype=torch.bfloat16), torch.empty(1, 1, dtype=torch.int64))
             self._row = (self.head, out, self._head_table(self.head, out))
         _, out, head_table = self._row
-        out = StackOutput(out.hidden, [torch.empty_like(out.hidden) for _ in taps], out.normed, out.logits, out.argmax)
-        self._call(x, out, taps, 1, 1, cos, sin, kv.pointers, kv.write, kv.read, kv.keys, kv.slot_stride,
-                   kv.head_stride, None, None, head_table, None)
-        return out
+        width = out.hidden.shape[-1]
+        packed = torch.empty(1, 1, len(taps) * width, dtype=torch.bfloat16) if taps else None
+        self._call(x, out, taps, [packed.data_ptr() + 2 * width * i for i in range(len(taps))], 1, 1, cos, sin,
+                   kv.pointers, kv.write, kv.read, kv.keys, kv.slot_stride, kv.head_stride, None, None, head_table, None)
+        return StackOutput(out.hidden, [], out.normed, out.logits, out.argmax, packed)
 
     def _check_taps(self, taps: list[int]) -> None:
         if any(not 0 <= i < len(self.layers) for i in taps):
@@ -374,14 +377,14 @@ class LayerStack:
                                       head.vocab, head.bits, head.act_bits, out.normed.data_ptr(),
                                       out.logits.data_ptr(), out.argmax.data_ptr()))
 
-    def _call(self, x: int, out: StackOutput, taps: list[int], b: int, t: int, cos: int, sin: int, pointers,
-              write: int, read: int, tk: int, slot_stride: int, head_stride: int, mask, mask_strides, head_table,
-              isa: str | None) -> None:
+    def _call(self, x: int, out: StackOutput, taps: list[int], tap_out: list[int], b: int, t: int, cos: int, sin: int,
+              pointers, write: int, read: int, tk: int, slot_stride: int, head_stride: int, mask, mask_strides,
+              head_table, isa: str | None) -> None:
         w, n = self.layers[0], len(self.layers)
         d = w.head_dim
         rc = library().bd_layers(
-            x, out.hidden.data_ptr(), (ctypes.c_int * len(taps))(*taps),
-            (ctypes.c_void_p * len(taps))(*(y.data_ptr() for y in out.taps)), len(taps), b, t, self.table, n,
+            x, out.hidden.data_ptr(), (ctypes.c_int * len(taps))(*taps), (ctypes.c_void_p * len(taps))(*tap_out),
+            len(taps), b, t, self.table, n,
             out.hidden.shape[-1], w.heads, w.kv_heads, d, w.intermediate, w.bits, w.act_bits, w.eps, d ** -0.5, cos,
             sin, *pointers, write, read, tk, slot_stride, head_stride, mask, mask_strides, head_table, _isa_code(isa),
             torch.get_num_threads())

@@ -144,11 +144,11 @@ class TargetModel(nn.Module):
         row, at = weight.shape[1] * weight.element_size(), position * table[0].shape[1] * table[0].element_size()
         run = fused.run_row(weight.data_ptr() + token * row, table[0].data_ptr() + at, table[1].data_ptr() + at, kv,
                             list(spec.layers))
-        taps = dict(zip(spec.layers, run.taps))
-        if len(self.layers) - 1 in taps and spec.point == "hidden_states":
-            taps[len(self.layers) - 1] = run.normed           # HF hidden_states[-1] is after the final norm
-        packed = torch.cat([taps[i] for i in spec.layers], dim=-1) if spec.layers else None
-        return TargetOutput(run.logits, packed, run.normed, run.argmax)
+        last = len(self.layers) - 1
+        if last in spec.layers and spec.point == "hidden_states":   # HF hidden_states[-1] is after the final norm
+            for i in (i for i, layer in enumerate(spec.layers) if layer == last):
+                run.packed[..., i * weight.shape[1]:(i + 1) * weight.shape[1]] = run.normed
+        return TargetOutput(run.logits, run.packed, run.normed, run.argmax)
 
     def embed(self, input_ids: torch.Tensor, step) -> torch.Tensor:
         """What the first layer reads [b, t, H]: the token embeddings as the family's `embed` step
