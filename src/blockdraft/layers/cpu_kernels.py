@@ -343,7 +343,8 @@ class LayerStack:
             out.argmax = torch.empty(b, t, dtype=torch.int64)
             head_table = self._head_table(head, out)
         mask, mask_strides = _mask(visible, b, t, tk)
-        pointers = kv.pointers or [(ctypes.c_void_p * n)(*(bufs[i].data_ptr() for i in range(n))) for bufs in (kv.k, kv.v)]
+        pointers = kv.pointers or [(ctypes.c_void_p * n)(*(bufs[i].data_ptr() for i in range(n)))
+                                   for bufs in (kv.k, kv.v)]
         self._call(x.data_ptr(), out, taps, [y.data_ptr() for y in out.taps], b, t, cos.data_ptr(), sin.data_ptr(),
                    pointers, kv.write_slots.data_ptr(),
                    kv.read_slots.data_ptr(), tk, kv.slot_stride, kv.head_stride, mask, mask_strides, head_table, isa)
@@ -356,15 +357,16 @@ class LayerStack:
         this stack's own and the next `run_row` overwrites them."""
         self._check_taps(taps)
         if self._row is None or self._row[0] is not self.head:
-            H = self.layers[0].norm1.shape[0]
-            out = StackOutput(torch.empty(1, 1, H, dtype=torch.bfloat16), [], torch.empty(1, 1, H, dtype=torch.bfloat16),
-                              torch.empty(1, 1, self.head.vocab, dtype=torch.bfloat16), torch.empty(1, 1, dtype=torch.int64))
+            H, bf16 = self.layers[0].norm1.shape[0], torch.bfloat16
+            out = StackOutput(torch.empty(1, 1, H, dtype=bf16), [], torch.empty(1, 1, H, dtype=bf16),
+                              torch.empty(1, 1, self.head.vocab, dtype=bf16), torch.empty(1, 1, dtype=torch.int64))
             self._row = (self.head, out, self._head_table(self.head, out))
         _, out, head_table = self._row
         width = out.hidden.shape[-1]
         packed = torch.empty(1, 1, len(taps) * width, dtype=torch.bfloat16) if taps else None
         self._call(x, out, taps, [packed.data_ptr() + 2 * width * i for i in range(len(taps))], 1, 1, cos, sin,
-                   kv.pointers, kv.write, kv.read, kv.keys, kv.slot_stride, kv.head_stride, None, None, head_table, None)
+                   kv.pointers, kv.write, kv.read, kv.keys, kv.slot_stride, kv.head_stride, None, None, head_table,
+                   None)
         return StackOutput(out.hidden, [], out.normed, out.logits, out.argmax, packed)
 
     def _check_taps(self, taps: list[int]) -> None:

@@ -102,7 +102,8 @@ class Rotary:
             self._table = (torch.empty(0, self.head_dim, dtype=dtype), torch.empty(0, self.head_dim, dtype=dtype))
         have, chunk = self._table[0].shape[0], TABLE_ELEMENTS // self.head_dim
         if end > have:                                          # doubled, so that growing costs O(end) in all
-            parts = [self.cos_sin(torch.arange(a, a + chunk)[None], dtype) for a in range(have, max(end, 2 * have), chunk)]
+            parts = [self.cos_sin(torch.arange(a, a + chunk)[None], dtype)
+                     for a in range(have, max(end, 2 * have), chunk)]
             self._table = tuple(torch.cat([old] + [p[i][0, 0] for p in parts]) for i, old in enumerate(self._table))
         return self._table
 

@@ -18,13 +18,13 @@ import torch
 from torch import nn
 
 from ..cache.state import StatePool
+from ..cache.views import RowKV
 from ..config import Taps, TargetConfig
 from ..layers import cpu_kernels as kernels
-from ..cache.views import RowKV
 from ..layers.linear import StableLinear
 from ..layers.rope import Rotary
-from .kv_cache import KVCache
 from .family import unchanged_embeddings
+from .kv_cache import KVCache
 from .registry import family_of
 
 
