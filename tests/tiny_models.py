@@ -1,4 +1,5 @@
-"""In-memory random models with a very small vocabulary (for distribution tests)."""
+"""In-memory random models: with a very small vocabulary (for distribution tests), and a quantized one whose
+decoding rows take the fused CPU step's address pass."""
 
 from functools import lru_cache
 
@@ -11,6 +12,20 @@ from blockdraft.models.drafter import BlockDrafter
 from blockdraft.models.target import TargetModel
 
 VOCAB = 8
+
+
+def row_pass_target(scheme: str = "int4") -> TargetModel:
+    """A random Qwen3 target (the tiny fixture's shape, heads 32 wide so that they take the rotary table),
+    quantized: a lone decoding row runs `TargetModel.fused_row` where the CPU kernels build."""
+    import dataclasses
+
+    from blockdraft.layers.quant import quantize_target
+    from blockdraft.loading import load_target
+    from conftest import ASSETS
+    cfg = load_target(ASSETS / "target-qwen3", "bfloat16", "none").config
+    torch.manual_seed(4)
+    model = TargetModel(dataclasses.replace(cfg, head_dim=32)).to(torch.bfloat16).eval().requires_grad_(False)
+    return quantize_target(model, scheme)
 
 
 @lru_cache(maxsize=None)

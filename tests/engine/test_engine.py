@@ -8,6 +8,7 @@ import pytest
 from decode_oracle import generate_one
 from blockdraft.engine.engine import EngineConfig, LLMEngine
 from blockdraft.errors import RequestError
+from blockdraft.layers import cpu_kernels as kernels
 from blockdraft.sampling.params import SamplingParams
 from conftest import random_prompts
 
@@ -203,3 +204,34 @@ def test_step_alone_does_not_keep_finished_requests(target, drafters):
     victim = engine.add_request(PROMPTS[1], SamplingParams(max_tokens=10))
     engine.abort(victim)
     assert not engine.seqs and engine.blocks.num_free == engine.plan.num_blocks
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no C compiler: the layers run unfused")
+def test_lone_rows_address_pass_under_arrivals_and_preemption_matches_single_stream():
+    """A quantized target whose lone decoding rows take the address pass (`TargetModel.fused_row`, slots kept
+    per sequence): sequences that run alone between batched steps, under arrivals and preemption, give
+    single-stream decoding's tokens (the kept slots' re-reading of a changed table: tests/cache/test_paged.py)."""
+    from blockdraft.models.target import TargetModel
+    from tiny_models import row_pass_target
+    target = row_pass_target()
+    served, row = [], TargetModel.fused_row
+
+    def counted(self, *args):
+        served.append(row(self, *args))
+        return served[-1]
+
+    engine = LLMEngine(target, None, TIGHT)
+    want = [generate_one(target, p, sp).token_ids for p, sp in zip(PROMPTS[:16], PARAMS[:16])]
+    rng, pending, ids, outs = random.Random(5), list(range(16)), {}, {}
+    TargetModel.fused_row = counted
+    try:
+        while pending or engine.has_unfinished():
+            for _ in range(rng.choice([0, 0, 0, 1, 4])):
+                if pending:
+                    i = pending.pop()
+                    ids[engine.add_request(PROMPTS[i], PARAMS[i])] = i
+            outs.update((o.request_id, o.token_ids) for o in engine.step() if o.finished)
+    finally:
+        TargetModel.fused_row = row
+    assert engine.stats.preemptions > 0 and sum(out is not None for out in served) >= 10
+    assert {rid: want[i] for rid, i in ids.items()} == outs

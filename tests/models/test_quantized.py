@@ -18,6 +18,7 @@ from blockdraft.numerics import cpu_flags
 from blockdraft.loading import load_drafter, load_target
 from blockdraft.sampling.params import SamplingParams
 from conftest import ASSETS, DRAFTER_NAMES, on_threads, random_prompts, runnable_isas
+from tiny_models import row_pass_target
 
 PROMPTS = random_prompts(4, seed=81)
 KERNELS = ["qgemm", "torch"]
@@ -327,17 +328,6 @@ def test_a_kernel_that_does_not_build_is_reported_and_fails_ci(tmp_path, ci):
     assert (run.returncode != 0) == (ci == "true"), run.stdout[-2000:]
 
 
-def head_dim_32_target(scheme: str):
-    """A random Qwen3 target whose heads (32 wide) take the rotary table, quantized: what `fused_row` runs."""
-    import dataclasses
-    from blockdraft.layers.quant import quantize_target
-    from blockdraft.models.target import TargetModel
-    cfg = load_target(ASSETS / "target-qwen3", "bfloat16", "none").config
-    torch.manual_seed(4)
-    model = TargetModel(dataclasses.replace(cfg, head_dim=32)).to(torch.bfloat16).eval().requires_grad_(False)
-    return quantize_target(model, scheme)
-
-
 @pytest.mark.skipif(not kernels.available(), reason="no C compiler: the layers run unfused")
 @pytest.mark.parametrize("point", ["hidden_states", "layer_output"])
 def test_a_decoding_row_from_addresses_gives_the_steps_bits(point):
@@ -345,7 +335,7 @@ def test_a_decoding_row_from_addresses_gives_the_steps_bits(point):
     a one-row paged step's logits, argmax, taps (either tap point) and cache writes, bit for bit, across pages."""
     from blockdraft.cache.paged import SlotRow
     from blockdraft.config import Taps
-    target = head_dim_32_target("int4")
+    target = row_pass_target("int4")
     cfg = target.config
     taps = Taps((1, cfg.num_layers - 1), point)
     ids = torch.randint(0, cfg.vocab_size, (1, 19), generator=torch.Generator().manual_seed(2)).tolist()[0]
@@ -374,7 +364,7 @@ def test_a_decoding_row_needs_the_whole_model_in_the_fused_step():
     """fused_row declines (None) where the stack does not hold the model's head, or its heads are not a multiple
     of 32 wide (no rotary table); an id outside the embedding is refused by name before any work."""
     from blockdraft.cache.paged import SlotRow
-    target = head_dim_32_target("int4")
+    target = row_pass_target("int4")
     cfg = target.config
     pool = PagedKVPool(list(range(cfg.num_layers)), 8, 4, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
     row = SlotRow(4)
