@@ -79,16 +79,39 @@ def _token_text(tok) -> str | None:
     return tok
 
 
+BACK = 8    # tokens before the newest a stream decodes again with them (what they change of the text before)
+
+
 class TextStream:
-    """Incremental detokenisation that never emits a stop string, even one split across steps."""
+    """Incremental detokenisation that never emits a stop string, even one split across steps. A step
+    decodes only the last tokens: the text of ids[:n] is kept, and the text of ids[:m] (m > n) is that
+    text with the text of ids[n - BACK:n] at its end replaced by the text of ids[n - BACK:m]; where the kept
+    text does not end with the former (a window that starts inside a character) or the ids did not grow,
+    the whole text is decoded again."""
 
     def __init__(self, decode, stops):
         self.decode, self.stops, self.sent = decode, stops or (), ""
         self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.count, self.last, self.whole = 0, [], ""     # `whole` is the text of `count` ids; `last` the last BACK
+
+    def _whole(self, token_ids: list[int]) -> str:
+        """The text of all of `token_ids`, as `decode` gives it."""
+        n, m = self.count, len(token_ids)
+        start = max(0, n - BACK)
+        if n and m >= n and token_ids[start:n] == self.last[len(self.last) - (n - start):]:
+            old = self.decode(token_ids[start:n])
+            if start == 0 or (old and self.whole.endswith(old)):
+                self.whole = self.whole[:len(self.whole) - len(old)] + self.decode(token_ids[start:])
+            else:
+                self.whole = self.decode(token_ids)
+        else:
+            self.whole = self.decode(token_ids)
+        self.count, self.last = m, token_ids[max(0, m - BACK):]
+        return self.whole
 
     def text(self, token_ids: list[int]) -> str:
         """All of `token_ids` as text, cut before the first stop string ("" without a tokenizer: decode None)."""
-        text = self.decode(token_ids) if self.decode is not None else ""
+        text = self._whole(token_ids) if self.decode is not None else ""
         for s in self.stops:
             if s in text:
                 text = text[: text.index(s)]

@@ -53,3 +53,58 @@ def test_a_long_generation_decodes_only_its_last_tokens():
     crit = StopCriteria(frozenset(), ("zzzz",), decode)
     assert crit.first_stop(list(range(5000)), 4999) is None
     assert max(calls) < 64
+
+
+def whole_text_deltas(decode, stops, steps: list[list[int]]) -> list[str]:
+    """TextStream's deltas with the whole text decoded at every step (the rule it keeps)."""
+    sent, hold, out = "", max((len(s) for s in stops), default=1) - 1, []
+    for i, ids in enumerate(steps):
+        final = i == len(steps) - 1
+        text = decode(ids)
+        for s in stops:
+            if s in text:
+                text = text[: text.index(s)]
+        if not final and hold:
+            text = text[: max(len(sent), len(text) - hold)]
+        if text.endswith("\ufffd") and not final:
+            text = text[:-1]
+        out.append(text[len(sent):])
+        sent = max(text, sent, key=len)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_text_stream_decoding_its_last_tokens_gives_the_whole_texts_deltas(tokenizer, seed):
+    """Real text and random ids (multi-byte characters cut across tokens, special tokens), committed 1-9
+    tokens a step, with and without stop strings: the same deltas as decoding the whole text each step."""
+    from blockdraft.tokenizer import TextStream
+    rng = random.Random(seed)
+    if seed % 2:
+        pool = list(range(tokenizer.vocab_size)) + list(range(17)) * 800
+        tokens = [rng.choice(pool) for _ in range(rng.randint(20, 200))]
+    else:
+        text = "Café naïve — 東京 🙂 façade " * 3 + open(__file__).read()[:2000]
+        tokens = tokenizer.encode(text[rng.randint(0, 200):], add_special_tokens=False)[:300]
+    steps, n = [], 0
+    while n < len(tokens):
+        n = min(len(tokens), n + rng.randint(1, 9))
+        steps.append(tokens[:n])
+    full = tokenizer.decode(tokens)
+    for stops in ((), (full[len(full) // 2:len(full) // 2 + rng.randint(1, 6)] or "x",)):
+        stream = TextStream(tokenizer.decode, stops)
+        assert [stream.delta(ids, i == len(steps) - 1) for i, ids in enumerate(steps)] == \
+            whole_text_deltas(tokenizer.decode, stops, steps)
+
+
+def test_a_long_text_stream_decodes_only_its_last_tokens():
+    from blockdraft.tokenizer import TextStream
+    calls = []
+
+    def decode(ids):
+        calls.append(len(ids))
+        return "".join(chr(97 + i % 26) for i in ids)
+
+    stream = TextStream(decode, ())
+    ids = list(range(3000))
+    text = "".join(stream.delta(ids[:n], n == 3000) for n in range(1, 3001))
+    assert max(calls) < 64 and text == decode(ids)
