@@ -378,3 +378,29 @@ def test_a_decoding_row_needs_the_whole_model_in_the_fused_step():
         assert target.fused_row(3, 0, pool.row_kv(row, 0)) is None
         narrow = load_target(ASSETS / "target-qwen3", "bfloat16", "int4")       # 16-wide heads
         assert narrow.fused is not None and narrow.fused_row(3, 0, pool.row_kv(row, 0)) is None
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no C compiler: the layers run unfused")
+def test_decoding_rows_in_two_threads_keep_their_own_outputs():
+    """The address pass's outputs are the stack's own per calling thread: one thread's next row does not
+    overwrite what another thread's row returned."""
+    import threading
+    from blockdraft.cache.paged import SlotRow
+    target = row_pass_target("int4")
+    cfg = target.config
+    pool = PagedKVPool(list(range(cfg.num_layers)), 8, 4, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+    row = SlotRow(4)
+    row.sync([1], 1)
+    with torch.inference_mode():
+        mine = target.fused_row(3, 0, pool.row_kv(row, 0))
+        kept = mine.logits.clone()
+        other = []
+
+        @torch.inference_mode()
+        def decode_elsewhere():
+            other.append(target.fused_row(5, 0, pool.row_kv(row, 0)))
+
+        worker = threading.Thread(target=decode_elsewhere)
+        worker.start()
+        worker.join()
+    assert other[0].logits.data_ptr() != mine.logits.data_ptr() and torch.equal(mine.logits, kept)

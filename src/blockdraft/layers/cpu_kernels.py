@@ -40,6 +40,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -322,7 +323,7 @@ class LayerStack:
         self.layers = layers
         self.table = (LayerTable * len(layers))(*(w.table for w in layers))
         self.head: HeadWeights | None = None
-        self._row: tuple | None = None      # run_row's outputs and their head table, made once per head
+        self._rows: dict[int, tuple] = {}   # thread id -> run_row's outputs and head table, made once per head
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv, visible: torch.Tensor | None,
             taps: list[int] = (), isa: str | None = None, head: HeadWeights | None = None) -> StackOutput:
@@ -354,14 +355,15 @@ class LayerStack:
         """One decoding row through every layer and the head (`head`, which must be set), from addresses: x the
         row's H bf16 inputs, cos/sin its d bf16 rotary values, `kv` a `RowKV` (its slots as int64 arrays). No
         tensor is made but the taps (`packed`, one tensor): the hidden, normed, logits and argmax outputs are
-        this stack's own and the next `run_row` overwrites them."""
+        this stack's own (one set per calling thread) and the thread's next `run_row` overwrites them."""
         self._check_taps(taps)
-        if self._row is None or self._row[0] is not self.head:
+        row = self._rows.get(threading.get_ident())
+        if row is None or row[0] is not self.head:
             H, bf16 = self.layers[0].norm1.shape[0], torch.bfloat16
             out = StackOutput(torch.empty(1, 1, H, dtype=bf16), [], torch.empty(1, 1, H, dtype=bf16),
                               torch.empty(1, 1, self.head.vocab, dtype=bf16), torch.empty(1, 1, dtype=torch.int64))
-            self._row = (self.head, out, self._head_table(self.head, out))
-        _, out, head_table = self._row
+            row = self._rows[threading.get_ident()] = (self.head, out, self._head_table(self.head, out))
+        _, out, head_table = row
         width = out.hidden.shape[-1]
         packed = torch.empty(1, 1, len(taps) * width, dtype=torch.bfloat16) if taps else None
         self._call(x, out, taps, [packed.data_ptr() + 2 * width * i for i in range(len(taps))], 1, 1, cos, sin,
