@@ -359,25 +359,33 @@ def test_a_decoding_row_from_addresses_gives_the_steps_bits(point):
     assert torch.equal(outs[True][1], outs[False][1]) and torch.equal(outs[True][2], outs[False][2])
 
 
-@pytest.mark.skipif(not kernels.available(), reason="no C compiler: the layers run unfused")
-def test_a_decoding_row_needs_the_whole_model_in_the_fused_step():
-    """fused_row declines (None) where the stack does not hold the model's head, or its heads are not a multiple
-    of 32 wide (no rotary table); an id outside the embedding is refused by name before any work."""
+def one_row():
+    """A row-pass target, a pool for it and the kept slots of a row at position 0 of block 1 (the kernel's view
+    of them, `pool.row_kv(row, 0)`, holds their addresses: keep both)."""
     from blockdraft.cache.paged import SlotRow
     target = row_pass_target("int4")
     cfg = target.config
     pool = PagedKVPool(list(range(cfg.num_layers)), 8, 4, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
     row = SlotRow(4)
     row.sync([1], 1)
+    return target, pool, row
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no C compiler: the layers run unfused")
+def test_a_decoding_row_needs_the_whole_model_in_the_fused_step():
+    """fused_row declines (None) where the stack does not hold the model's head, or its heads are not a multiple
+    of 32 wide (no rotary table); an id outside the embedding is refused by name before any work."""
+    target, pool, row = one_row()
+    cfg, kv = target.config, pool.row_kv(row, 0)
     with torch.inference_mode():
-        assert target.fused_row(3, 0, pool.row_kv(row, 0)) is not None
+        assert target.fused_row(3, 0, kv) is not None
         with pytest.raises(ValueError, match=f"token id {cfg.vocab_size}"):
-            target.fused_row(cfg.vocab_size, 0, pool.row_kv(row, 0))
+            target.fused_row(cfg.vocab_size, 0, kv)
         old = target.lm_head
         target.lm_head = QuantizedLinear(old.weight.flip(0), None, old.scheme, old.kernel)
-        assert target.fused_row(3, 0, pool.row_kv(row, 0)) is None
+        assert target.fused_row(3, 0, kv) is None
         narrow = load_target(ASSETS / "target-qwen3", "bfloat16", "int4")       # 16-wide heads
-        assert narrow.fused is not None and narrow.fused_row(3, 0, pool.row_kv(row, 0)) is None
+        assert narrow.fused is not None and narrow.fused_row(3, 0, kv) is None
 
 
 @pytest.mark.skipif(not kernels.available(), reason="no C compiler: the layers run unfused")
@@ -385,20 +393,16 @@ def test_decoding_rows_in_two_threads_keep_their_own_outputs():
     """The address pass's outputs are the stack's own per calling thread: one thread's next row does not
     overwrite what another thread's row returned."""
     import threading
-    from blockdraft.cache.paged import SlotRow
-    target = row_pass_target("int4")
-    cfg = target.config
-    pool = PagedKVPool(list(range(cfg.num_layers)), 8, 4, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
-    row = SlotRow(4)
-    row.sync([1], 1)
+    target, pool, row = one_row()
+    kv = pool.row_kv(row, 0)
     with torch.inference_mode():
-        mine = target.fused_row(3, 0, pool.row_kv(row, 0))
+        mine = target.fused_row(3, 0, kv)
         kept = mine.logits.clone()
         other = []
 
         @torch.inference_mode()
         def decode_elsewhere():
-            other.append(target.fused_row(5, 0, pool.row_kv(row, 0)))
+            other.append(target.fused_row(5, 0, kv))
 
         worker = threading.Thread(target=decode_elsewhere)
         worker.start()

@@ -47,7 +47,8 @@ class KernelKV:
 class RowKV:
     """Where one decoding row's fused CPU step (`cpu_kernels.LayerStack.run_row`) writes and reads K/V in place,
     as addresses: layer i's buffers at pointers[0][i] (K) and pointers[1][i] (V); the row's new K/V go to the
-    slot kept at `write` (one int64), and it reads keys 0..keys-1 from the slots kept at `read` (int64 each)."""
+    slot kept at `write` (one int64), and it reads keys 0..keys-1 from the slots kept at `read` (int64 each).
+    The addresses hold while the pool and the slots' `SlotRow` live, until that row's next `sync`."""
 
     pointers: tuple
     write: int
