@@ -27,6 +27,7 @@ class PagedKVPool:
         self.k = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
         self.v = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
         self.offsets = torch.arange(page_size, device=device)     # a page's positions, for `prefix_slots`
+        self.slot_stride, self.head_stride = num_kv_heads * head_dim, head_dim   # elements, as the kernels step
         self._pointers: tuple | None = None
 
     def slots(self, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -50,8 +51,8 @@ class PagedKVPool:
 
     def row_kv(self, row: SlotRow, position: int) -> RowKV:
         """The kernel's view of one decoding row at `position`, its slots kept in `row` (synced past it)."""
-        _, hkv, d = next(iter(self.k.values())).shape
-        return RowKV(self.pointers(), row.address(position), row.address(0), position + 1, hkv * d, d)
+        return RowKV(self.pointers(), row.address(position), row.address(0), position + 1, self.slot_stride,
+                     self.head_stride)
 
     def read(self, layer: int, slots: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V at `prefix_slots(tables, length)` -> [b, hkv, length, d] each."""
@@ -141,10 +142,10 @@ class PagedStep:
         attend only to themselves)."""
         if not self.attend or self.ring is not None:
             return None
-        _, hkv, d = next(iter(self.pool.k.values())).shape
+        pool = self.pool
         write = torch.where(self.valid, self.slots, -1).view(-1) if self.ragged else self.write_slots   # [b * t]
-        return KernelKV(self.pool.k, self.pool.v, write, self.read_slots.view(self.tables.shape[0], -1), hkv * d, d,
-                        None if self.sees_all else self.visible, self.pool.pointers())
+        return KernelKV(pool.k, pool.v, write, self.read_slots.view(self.tables.shape[0], -1), pool.slot_stride,
+                        pool.head_stride, None if self.sees_all else self.visible, pool.pointers())
 
     def kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the real rows of k/v [b, hkv, t, d]; return the K/V attention reads: positions 0..end-1."""

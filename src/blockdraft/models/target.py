@@ -36,6 +36,11 @@ class TargetOutput:
     argmax: torch.Tensor | None = None  # [batch, rows] the logits' argmax, where the fused CPU step computed it
 
 
+def _taps(tap_layers: Taps | tuple[int, ...]) -> Taps:
+    """What the caller asked for as `Taps` (bare layer ids: read at the default point)."""
+    return tap_layers if isinstance(tap_layers, Taps) else Taps(tuple(tap_layers))
+
+
 class TargetModel(nn.Module):
     def __init__(self, cfg: TargetConfig):
         super().__init__()
@@ -88,7 +93,7 @@ class TargetModel(nn.Module):
         if step is None:
             step = self.new_cache(b, t).begin(t)
         cos, sin = self.rotary.cos_sin(step.positions, self.dtype)
-        spec = tap_layers if isinstance(tap_layers, Taps) else Taps(tuple(tap_layers))
+        spec = _taps(tap_layers)
         tap_layers = spec.layers
         x = self.embed(input_ids, step)
         taps = {}
@@ -140,7 +145,7 @@ class TargetModel(nn.Module):
             return None
         if not 0 <= token < weight.shape[0]:
             raise ValueError(f"token id {token}: the embedding has ids 0..{weight.shape[0] - 1}")
-        spec = tap_layers if isinstance(tap_layers, Taps) else Taps(tuple(tap_layers))
+        spec = _taps(tap_layers)
         row, at = weight.shape[1] * weight.element_size(), position * table[0].shape[1] * table[0].element_size()
         run = fused.run_row(weight.data_ptr() + token * row, table[0].data_ptr() + at, table[1].data_ptr() + at, kv,
                             list(spec.layers))
