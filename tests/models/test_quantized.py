@@ -298,15 +298,19 @@ def test_fused_layers_write_and_read_the_paged_pool_in_place():
 
 
 @pytest.mark.skipif(not kernels.available(), reason="no C compiler")
-def test_swiglu_kernel_gives_the_same_bits_on_every_instruction_set_and_rounds_as_pytorch():
+@pytest.mark.parametrize("rows, width", [(5, 200), (1, 16390), (3, 8200)])
+def test_swiglu_kernel_gives_the_same_bits_on_every_instruction_set_and_rounds_as_pytorch(rows, width):
+    """Every path this machine runs (AVX2's 8 lanes, AVX512's 16, the scalar tail), on 1 and 3 threads (rows of
+    16,384 elements or more split into chunks between threads), gives the portable path's bits."""
     g = torch.Generator().manual_seed(7)
-    gate = (torch.randn(5, 200, generator=g) * torch.logspace(-3, 2, 200)).bfloat16()
+    gate = (torch.randn(rows, width, generator=g) * torch.logspace(-3, 2, width)).bfloat16()
     gate[0, :5] = torch.tensor([0.0, -0.0, 100.0, -100.0, float("nan")])
-    up = torch.randn(5, 200, generator=g).bfloat16()
-    outs = {isa: kernels.swiglu(gate, up, isa) for isa in ("portable", kernels.best_isa())}
-    assert torch.equal(outs["portable"].view(torch.int16), outs[kernels.best_isa()].view(torch.int16))
+    up = torch.randn(rows, width, generator=g).bfloat16()
+    outs = {(isa, n): on_threads(n, lambda: kernels.swiglu(gate, up, isa)) for isa in runnable_isas() for n in (1, 3)}
+    for key, out in outs.items():
+        assert torch.equal(outs[("portable", 1)].view(torch.int16), out.view(torch.int16)), key
     ref = F.silu(gate.double()) * up.double()            # two bf16 roundings from the exact value
-    torch.testing.assert_close(outs["portable"].double(), ref, rtol=2 ** -7, atol=1e-30, equal_nan=True)
+    torch.testing.assert_close(outs[("portable", 1)].double(), ref, rtol=2 ** -7, atol=1e-30, equal_nan=True)
     assert kernels.swiglu(gate.float(), up.float()) is None
 
 

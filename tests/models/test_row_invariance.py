@@ -120,7 +120,7 @@ def test_cpu_attention_kernel_rows_together_same_bits_as_one_at_a_time(threads):
 
 def test_cpu_rms_norm_kernel_rows_alone_and_close_to_the_formula():
     """The own RMSNorm (bf16 inference on the CPU) computes each row on its own, with the same bits on every
-    instruction set (a NaN row included), within a bf16 rounding of Llama's fp32 formula; a weight being
+    instruction set and thread count (a NaN row included), within a bf16 rounding of Llama's fp32 formula; a weight being
     trained runs the formula itself (autograd)."""
     from blockdraft.layers import cpu_kernels
     from blockdraft.layers.norm import RMSNorm
@@ -131,8 +131,10 @@ def test_cpu_rms_norm_kernel_rows_alone_and_close_to_the_formula():
     with torch.no_grad():
         assert cpu_kernels.rms_norm(x, norm.weight, 1e-5) is not None
         odd = torch.cat([x, torch.full((1, 576), float("nan")).bfloat16()])
-        outs = {isa: cpu_kernels.rms_norm(odd, norm.weight, 1e-5, isa) for isa in ("portable", cpu_kernels.best_isa())}
-        assert torch.equal(outs["portable"].view(torch.int16), outs[cpu_kernels.best_isa()].view(torch.int16))
+        outs = {(isa, n): on_threads(n, lambda: cpu_kernels.rms_norm(odd, norm.weight, 1e-5, isa))
+                for isa in runnable_isas() for n in (1, 3)}            # 41 rows of 576: split between threads
+        for key, got in outs.items():
+            assert torch.equal(outs[("portable", 1)].view(torch.int16), got.view(torch.int16)), key
         out = norm(x)
         assert torch.equal(torch.cat([norm(x[i:i + 1]) for i in range(40)]), out)
         x32 = x.float()

@@ -1206,6 +1206,11 @@ static __m512 round16_bf16(__m512 x) {
 }
 
 __attribute__((target("avx512f,avx512bw,avx2,fma")))
+static inline void store16_bf16(uint16_t *p, __m512 x) {     /* x rounded to bf16, stored as 16 bf16 */
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(round16_bf16(x)), 16)));
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,fma")))
 static void exps_avx512(float *scores, int n, float peak, float scale, float *denom) {
     int padded = (n + LANES - 1) & ~(LANES - 1);
     if (!(peak > -INFINITY)) {
@@ -1523,10 +1528,33 @@ static void rmsnorm_row_avx2(const uint16_t *xr, int d, const uint16_t *w, float
     }
 }
 
-void bd_rmsnorm(const uint16_t *x, int rows, int d, const uint16_t *w, float eps, uint16_t *out, int isa) {
+/* rmsnorm_row_avx2 in 16 lanes: lane l's sum of squares is part[l] as there (its lo lanes 0-7, hi 8-15, folded
+ * as it folds them), the rest lane by lane the same operations: the same bits */
+__attribute__((target("avx512f,avx512bw,avx2,fma")))
+static void rmsnorm_row_avx512(const uint16_t *xr, int d, const uint16_t *w, float eps, uint16_t *o) {
+    __m512 sum = _mm512_setzero_ps();
+    for (int t = 0; t < d; t += LANES) {
+        __m512 a = load16_bf16(xr + t);
+        sum = _mm512_fmadd_ps(a, a, sum);
+    }
+    __m512 inv = _mm512_set1_ps(1.0f / sqrtf(fold8(fold16to8(sum)) / (float)d + eps));
+    for (int i = 0; i < d; i += LANES) {
+        __m512 y = round16_bf16(_mm512_mul_ps(load16_bf16(xr + i), inv));
+        store16_bf16(o + i, _mm512_mul_ps(load16_bf16(w + i), y));
+    }
+}
+
+/* Elements below which the elementwise kernels stay on the calling thread (a fork costs more than they save) */
+#define ELEMENTWISE_PARALLEL 16384
+
+void bd_rmsnorm(const uint16_t *x, int rows, int d, const uint16_t *w, float eps, uint16_t *out, int isa, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if ((size_t)rows * d >= ELEMENTWISE_PARALLEL && threads > 1)
     for (int r = 0; r < rows; r++) {
-        if (isa != ISA_PORTABLE) rmsnorm_row_avx2(x + (size_t)r * d, d, w, eps, out + (size_t)r * d);
-        else rmsnorm_row(x + (size_t)r * d, d, w, eps, out + (size_t)r * d);
+        const uint16_t *xr = x + (size_t)r * d;
+        uint16_t *o = out + (size_t)r * d;
+        if (isa >= ISA_AVX512VNNI) rmsnorm_row_avx512(xr, d, w, eps, o);
+        else if (isa != ISA_PORTABLE) rmsnorm_row_avx2(xr, d, w, eps, o);
+        else rmsnorm_row(xr, d, w, eps, o);
     }
 }
 
@@ -1551,14 +1579,33 @@ static void swiglu_avx2(const uint16_t *g, const uint16_t *u, int n, uint16_t *a
     for (; i < n; i++) act[i] = swiglu1(g[i], u[i]);
 }
 
+/* swiglu_avx2 in 16 lanes (exp16, round16_bf16: the same operations lane by lane): the same bits */
+__attribute__((target("avx512f,avx512bw,avx2,fma")))
+static void swiglu_avx512(const uint16_t *g, const uint16_t *u, int n, uint16_t *act) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        __m512 x = load16_bf16(g + i);
+        __m512 s = round16_bf16(_mm512_div_ps(x, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x)))));
+        store16_bf16(act + i, _mm512_mul_ps(s, load16_bf16(u + i)));
+    }
+    for (; i < n; i++) act[i] = swiglu1(g[i], u[i]);
+}
+
+#define SWIGLU_CHUNK 2048    /* elements of a row per unit of work: a single row still splits between threads */
+
 void bd_swiglu(const uint16_t *gate, int64_t gs, const uint16_t *up, int64_t us, int rows, int I, uint16_t *act,
-               int isa) {
-    for (int r = 0; r < rows; r++) {
-        const uint16_t *g = gate + r * gs, *u = up + r * us;
-        uint16_t *a = act + (size_t)r * I;
-        if (isa != ISA_PORTABLE) swiglu_avx2(g, u, I, a);
+               int isa, int threads) {
+    int chunks = (I + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK;
+#pragma omp parallel for num_threads(threads) schedule(static) if ((size_t)rows * I >= ELEMENTWISE_PARALLEL && threads > 1)
+    for (int unit = 0; unit < rows * chunks; unit++) {
+        int r = unit / chunks, c0 = unit % chunks * SWIGLU_CHUNK, n = I - c0 < SWIGLU_CHUNK ? I - c0 : SWIGLU_CHUNK;
+        const uint16_t *g = gate + r * gs + c0, *u = up + r * us + c0;
+        uint16_t *a = act + (size_t)r * I + c0;
+        if (isa >= ISA_AVX512VNNI) swiglu_avx512(g, u, n, a);
+        else if (isa != ISA_PORTABLE) swiglu_avx2(g, u, n, a);
         else
-            for (int i = 0; i < I; i++) a[i] = swiglu1(g[i], u[i]);
+            for (int i = 0; i < n; i++) a[i] = swiglu1(g[i], u[i]);
     }
 }
 
@@ -1604,7 +1651,7 @@ static int attn_in(const uint16_t *x, int b, int t, int H, const uint16_t *norm_
                    const uint16_t *kn_w, const uint16_t *cos, const uint16_t *sin, uint16_t *q, KvWrite kw,
                    uint16_t *normed, uint16_t *proj, int isa, int threads) {
     int rows = b * t, heads = h + 2 * hkv, N = heads * d;
-    bd_rmsnorm(x, rows, H, norm_w, eps, normed, isa);
+    bd_rmsnorm(x, rows, H, norm_w, eps, normed, isa, threads);
     int rc = bd_qgemm(normed, rows, H, w, scales, N, bits, act_bits, proj, NULL, isa, threads);
     for (int r = 0; r < rows && rc == 0; r++) {
         int bi = r / t, ti = r % t;
@@ -1622,7 +1669,7 @@ static int attn_in(const uint16_t *x, int b, int t, int H, const uint16_t *norm_
             }
             uint16_t normed_head[256];
             if (qn_w) {
-                bd_rmsnorm(src, 1, d, hd < h ? qn_w : kn_w, eps, normed_head, isa);
+                bd_rmsnorm(src, 1, d, hd < h ? qn_w : kn_w, eps, normed_head, isa, 1);
                 src = normed_head;
             }
             if (isa != ISA_PORTABLE) rotate_avx2(src, c, sn, d, dst);
@@ -1685,11 +1732,11 @@ int bd_layers(const uint16_t *x_in, uint16_t *x, const int *taps, uint16_t *cons
         if (rc == 0) rc = attend(q, b, h, t, d, kr, hkv, tk, vis, vis_strides, scale, heads, isa, threads);
         if (rc == 0) rc = bd_qgemm(heads, (int)rows, (int)hd, L->o, L->o_s, H, bits, act_bits, x1, x, isa, threads);
         if (rc == 0) {
-            bd_rmsnorm(x1, (int)rows, H, L->norm2, eps, normed, isa);
+            bd_rmsnorm(x1, (int)rows, H, L->norm2, eps, normed, isa, threads);
             rc = bd_qgemm(normed, (int)rows, H, L->gate_up, L->gate_up_s, 2 * I, bits, act_bits, gu, NULL, isa, threads);
         }
         if (rc == 0) {
-            bd_swiglu(gu, 2 * I, gu + I, 2 * I, (int)rows, I, act, isa);
+            bd_swiglu(gu, 2 * I, gu + I, 2 * I, (int)rows, I, act, isa, threads);
             rc = bd_qgemm(act, (int)rows, I, L->down, L->down_s, H, bits, act_bits, x, x1, isa, threads);
         }
         for (int i = 0; i < n_taps; i++)
@@ -1697,7 +1744,7 @@ int bd_layers(const uint16_t *x_in, uint16_t *x, const int *taps, uint16_t *cons
     }
     free(scratch);
     if (rc == 0 && head) {
-        bd_rmsnorm(x, (int)rows, H, head->norm, head->eps, head->normed, isa);
+        bd_rmsnorm(x, (int)rows, H, head->norm, head->eps, head->normed, isa, threads);
         rc = bd_qgemm(head->normed, (int)rows, H, head->w, head->s, head->n, head->bits, head->act_bits, head->logits,
                       NULL, isa, threads);
         if (rc == 0) bd_argmax(head->logits, (int)rows, head->n, head->n, 1, head->argmax, isa);

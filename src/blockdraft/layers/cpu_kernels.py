@@ -101,9 +101,9 @@ def library() -> ctypes.CDLL | None:
                               ptr,
                               ptr, ptr, ptr, ptr, ptr, i32, i64, i64, ptr, ptr, ptr, i32, i32]
     lib.bd_swiglu.restype = None
-    lib.bd_swiglu.argtypes = [ptr, i64, ptr, i64, i32, i32, ptr, i32]
+    lib.bd_swiglu.argtypes = [ptr, i64, ptr, i64, i32, i32, ptr, i32, i32]
     lib.bd_rmsnorm.restype = None
-    lib.bd_rmsnorm.argtypes = [ptr, i32, i32, ptr, f32, ptr, i32]
+    lib.bd_rmsnorm.argtypes = [ptr, i32, i32, ptr, f32, ptr, i32, i32]
     lib.bd_delta_rule.restype = None
     lib.bd_delta_rule.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, ptr, ptr, ptr, i32]
     lib.bd_markov_bias.restype = None
@@ -415,7 +415,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, isa: str | None = None) -> torc
         return None
     act = torch.empty(g.shape, dtype=torch.bfloat16)
     library().bd_swiglu(g.data_ptr(), g.stride(0), u.data_ptr(), u.stride(0), g.shape[0], i, act.data_ptr(),
-                        _isa_code(isa))
+                        _isa_code(isa), torch.get_num_threads())
     return act.view(gate.shape)
 
 
@@ -428,7 +428,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, isa: str | None 
     x = x.contiguous()
     out = torch.empty_like(x)
     library().bd_rmsnorm(x.data_ptr(), x.numel() // d, d, weight.data_ptr(), eps, out.data_ptr(),
-                         _isa_code(isa))
+                         _isa_code(isa), torch.get_num_threads())
     return out
 
 
