@@ -1,12 +1,17 @@
 """LFM2 targets (transformers `lfm2`, `lfm2_moe`): short-conv layers on the same per-sequence state interface as
 Qwen3.5's DeltaNet (`cache/state.py`), against transformers, rolled back bitwise, lossless in the engine."""
 
+import dataclasses
+
 import pytest
 import torch
 
 import hybrid_models as hm
+from conftest import runnable_isas
 from blockdraft.errors import CheckpointError, ConfigError
+from blockdraft.layers import cpu_kernels as kernels
 from blockdraft.loading import load_target
+from blockdraft.models.lfm2 import ShortConv
 
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
@@ -67,6 +72,56 @@ def test_the_published_1_2b_config_resolves_as_transformers_builds_it():
     # the rope base left out: LFM2's default (1e6), not Llama's 1e4
     unset = {k: v for k, v in LFM2_1_2B.items() if k != "rope_theta"}
     assert resolve_target(unset).rope.theta == tf.Lfm2Config(**unset).rope_parameters["rope_theta"]
+
+
+class _Window:
+    """A short-conv layer's state step: its window of past rows in, the rows it records out."""
+
+    def __init__(self, rows: torch.Tensor):
+        self.rows, self.records = rows, {}
+
+    def initial(self, layer):
+        return self.rows, None
+
+    def record(self, layer, rec):
+        self.records[layer] = rec.rows
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no C compiler")
+@pytest.mark.parametrize("rows, taps, bias, width", [(1, 3, False, None), (9, 3, True, None), (2, 4, False, 36)])
+def test_the_short_conv_kernel_gives_the_bits_of_the_pytorch_spelling(hybrid_root, monkeypatch, rows, taps, bias,
+                                                                       width):
+    """bf16 inference on the CPU runs the conv and its gates in one kernel: the layer's output and the rows its
+    state records equal, bit for bit, those of the PyTorch lines it stands in for (with and without a conv
+    bias, 1 to 9 rows, 3 and 4 taps, a width with channels past the last 8), on every instruction-set path this
+    machine runs."""
+    cfg = load_target(hm.checkpoint(str(hybrid_root), arch="lfm2"), dtype="float32").config
+    width = width or cfg.hidden_size
+    cfg = dataclasses.replace(cfg, hidden_size=width, short_conv=dataclasses.replace(
+        cfg.short_conv, conv_dim=width, conv_kernel=taps, bias=bias))
+    torch.manual_seed(0)
+    conv = ShortConv(cfg)
+    with torch.no_grad():
+        for p in conv.parameters():
+            p.copy_(torch.randn_like(p) * 2)
+    conv = conv.to(torch.bfloat16)
+    h = cfg.hidden_size
+    x = (torch.randn(2, rows, h) * torch.logspace(-2, 2, h)).bfloat16()
+    past = torch.randn(2, taps - 1, h).bfloat16()
+    outs = {}
+    with torch.no_grad():
+        proj, weight = conv.in_proj(x), conv.conv.weight[:, 0]
+        paths = [kernels.short_conv(proj, past, weight, conv.conv.bias if bias else None, isa) for isa in runnable_isas()]
+        for bx, y in paths[1:]:
+            assert torch.equal(bx.view(torch.int16), paths[0][0].view(torch.int16))
+            assert torch.equal(y.view(torch.int16), paths[0][1].view(torch.int16))
+        for fused in (True, False):
+            if not fused:
+                monkeypatch.setattr(kernels, "short_conv", lambda *args: None)
+            step = _Window(past)
+            outs[fused] = (conv(x, step, 0), step.records[0])
+    for a, b in zip(outs[True], outs[False]):
+        assert a.dtype == b.dtype == torch.bfloat16 and torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
 def test_rollback_is_bitwise_the_state_of_the_accepted_rows(hybrid_root):

@@ -1609,6 +1609,65 @@ void bd_swiglu(const uint16_t *gate, int64_t gs, const uint16_t *up, int64_t us,
     }
 }
 
+/* ---- LFM2's short convolution for bf16 inference (models/lfm2.py's ShortConv between its projections) ----
+ * From in_proj's rows [b, t, 3H] (B, C and x side by side, rows `row_stride` elements apart) and the state
+ * [b, K-1, H] (the last K-1 rows of B*x before these): bx = bf16(B * x) [b, t, H] (the rows the state keeps)
+ * and y = bf16(C * bf16(conv)) [b, t, H], where conv over the window [state; bx] is, per channel c, in fp32:
+ * acc = win[0] * w[c, 0], then acc = acc + win[j] * w[c, j] for j = 1..K-1, then + bias[c] (bias may be
+ * NULL) -- each product and sum rounded on its own, as the PyTorch spelling (deltanet.causal_conv) rounds
+ * them: the same bits on every path. w [H, K] and bias [H] bf16. Returns 0, or -1 without scratch memory. */
+static void short_conv_row(const uint16_t *pr, int H, const uint16_t *const *win, int K, const float *wt,
+                           const uint16_t *bias, uint16_t *bxr, uint16_t *yr, int from) {
+    for (int c = from; c < H; c++) bxr[c] = f32_to_bf16(bf16_to_f32(pr[c]) * bf16_to_f32(pr[2 * H + c]));
+    for (int c = from; c < H; c++) {
+        float acc = bf16_to_f32(win[0][c]) * wt[c];
+        for (int j = 1; j < K; j++) acc = acc + bf16_to_f32(win[j][c]) * wt[(size_t)j * H + c];
+        if (bias) acc = acc + bf16_to_f32(bias[c]);
+        yr[c] = f32_to_bf16(bf16_to_f32(pr[H + c]) * bf16_to_f32(f32_to_bf16(acc)));
+    }
+}
+
+/* short_conv_row 8 channels at a time: the same operations (no fma), so the same bits */
+__attribute__((target("avx2,fma")))
+static void short_conv_row_avx2(const uint16_t *pr, int H, const uint16_t *const *win, int K, const float *wt,
+                                const uint16_t *bias, uint16_t *bxr, uint16_t *yr) {
+    int c = 0;
+    for (; c + 8 <= H; c += 8) store8_bf16(bxr + c, _mm256_mul_ps(load8_bf16(pr + c), load8_bf16(pr + 2 * H + c)));
+    for (c = 0; c + 8 <= H; c += 8) {
+        __m256 acc = _mm256_mul_ps(load8_bf16(win[0] + c), _mm256_loadu_ps(wt + c));
+        for (int j = 1; j < K; j++)
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(load8_bf16(win[j] + c), _mm256_loadu_ps(wt + (size_t)j * H + c)));
+        if (bias) acc = _mm256_add_ps(acc, load8_bf16(bias + c));
+        store8_bf16(yr + c, _mm256_mul_ps(load8_bf16(pr + H + c), round8_bf16(acc)));
+    }
+    short_conv_row(pr, H, win, K, wt, bias, bxr, yr, c);
+}
+
+int bd_short_conv(const uint16_t *proj, int64_t row_stride, const uint16_t *state, int b, int t, int H, int K,
+                  const uint16_t *w, const uint16_t *bias, uint16_t *bx, uint16_t *y, int isa) {
+    float *wt = malloc(sizeof(float) * (size_t)K * H);             /* [K, H]: tap j's weights side by side */
+    const uint16_t **win = malloc(sizeof(uint16_t *) * (size_t)K);
+    if (!wt || !win) {
+        free(wt); free(win);
+        return -1;
+    }
+    for (int c = 0; c < H; c++)
+        for (int j = 0; j < K; j++) wt[(size_t)j * H + c] = bf16_to_f32(w[(size_t)c * K + j]);
+    for (int bi = 0; bi < b; bi++)
+        for (int i = 0; i < t; i++) {
+            for (int j = 0; j < K; j++) {
+                int m = i + j - (K - 1);                     /* the window's row i + j: a state row, or bx row m */
+                win[j] = m < 0 ? state + ((size_t)bi * (K - 1) + (K - 1 + m)) * H : bx + ((size_t)bi * t + m) * H;
+            }
+            const uint16_t *pr = proj + ((size_t)bi * t + i) * row_stride;
+            uint16_t *bxr = bx + ((size_t)bi * t + i) * H, *yr = y + ((size_t)bi * t + i) * H;
+            if (isa != ISA_PORTABLE) short_conv_row_avx2(pr, H, win, K, wt, bias, bxr, yr);
+            else short_conv_row(pr, H, win, K, wt, bias, bxr, yr, 0);
+        }
+    free(wt); free(win);
+    return 0;
+}
+
 /* ---- the quantized target's decoder layers in one call (models/target.py's fused path) ----
  * The operations, order and roundings of the layers' PyTorch spelling over these kernels — RMSNorm,
  * the projections, Qwen3's q/k norms, the NeoX rotation x*cos + roll(x, d/2)*sin with each op rounded

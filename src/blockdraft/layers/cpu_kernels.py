@@ -103,6 +103,8 @@ def library() -> ctypes.CDLL | None:
     lib.bd_swiglu.restype = None
     lib.bd_swiglu.argtypes = [ptr, i64, ptr, i64, i32, i32, ptr, i32, i32]
     lib.bd_rmsnorm.restype = None
+    lib.bd_short_conv.restype = ctypes.c_int
+    lib.bd_short_conv.argtypes = [ptr, i64, ptr, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32]
     lib.bd_rmsnorm.argtypes = [ptr, i32, i32, ptr, f32, ptr, i32, i32]
     lib.bd_delta_rule.restype = None
     lib.bd_delta_rule.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, ptr, ptr, ptr, i32]
@@ -417,6 +419,28 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, isa: str | None = None) -> torc
     library().bd_swiglu(g.data_ptr(), g.stride(0), u.data_ptr(), u.stride(0), g.shape[0], i, act.data_ptr(),
                         _isa_code(isa), torch.get_num_threads())
     return act.view(gate.shape)
+
+
+def short_conv(proj: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               isa: str | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """LFM2's short convolution between its projections for bf16 inference on the CPU (`bd_short_conv`):
+    proj [b, t, 3H] (B, C, x), state [b, K-1, H], weight [H, K], bias [H] or None -> (bx = B * x, the rows
+    the state keeps; y = C * conv([state; bx]) in bf16), each [b, t, H], with the bits of the PyTorch spelling
+    (`models/lfm2.py`); None where it does not apply (another dtype or device, autograd recording, no kernel)."""
+    tensors = (proj, state, weight) if bias is None else (proj, state, weight, bias)
+    if proj.dim() != 3 or not _bf16_inference(*tensors):
+        return None
+    b, t, width = proj.shape
+    h, k = weight.shape
+    if width != 3 * h or state.shape != (b, k - 1, h) or proj.stride(-1) != 1 or proj.stride(0) != t * proj.stride(1):
+        return None
+    state, weight = state.contiguous(), weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    bx, y = torch.empty(b, t, h, dtype=torch.bfloat16), torch.empty(b, t, h, dtype=torch.bfloat16)
+    if library().bd_short_conv(proj.data_ptr(), proj.stride(1), state.data_ptr(), b, t, h, k, weight.data_ptr(),
+                               None if bias is None else bias.data_ptr(), bx.data_ptr(), y.data_ptr(), _isa_code(isa)):
+        raise MemoryError(f"short_conv: no scratch memory for a {h} x {k} weight")
+    return bx, y
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, isa: str | None = None) -> torch.Tensor | None:

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..cache.state import LayerRecord
 from ..config import TargetConfig
+from ..layers import cpu_kernels as kernels
 from ..layers.deltanet import causal_conv
 from ..layers.direct import DirectCall
 from ..layers.linear import StableLinear
@@ -36,7 +37,13 @@ class ShortConv(DirectCall):
     def forward(self, x: torch.Tensor, state, layer: int) -> torch.Tensor:
         """x [b, t, hidden]; `state` a `StateStep` -> [b, t, hidden]."""
         conv_state, _ = state.initial(layer)                                               # [b, K-1, hidden]
-        b_gate, c_gate, h = self.in_proj(x).chunk(3, dim=-1)
+        proj = self.in_proj(x)                                                             # [b, t, 3 hidden]
+        if (fused := kernels.short_conv(proj, conv_state, self.conv.weight[:, 0],
+                                        self.conv.bias if self.bias else None)) is not None:
+            bx, y = fused                                       # bf16 on the CPU: the bits of the lines below
+            state.record(layer, LayerRecord(bx))
+            return self.out_proj(y)
+        b_gate, c_gate, h = proj.chunk(3, dim=-1)
         bx = b_gate * h                                                                    # [b, t, hidden]
         state.record(layer, LayerRecord(bx))
         conv = causal_conv(torch.cat([conv_state.to(bx.dtype), bx], 1), self.conv.weight[:, 0],
