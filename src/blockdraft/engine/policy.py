@@ -60,6 +60,7 @@ from collections import defaultdict, deque
 
 WIDE_TRIES = 3
 PLAIN_LOW = 16          # plain steps whose lowest cost a drafting width must beat
+PRIOR_STEPS = 16        # pseudo-steps behind a deep slot's assumed acceptance (the slot before it's) until measured
 
 
 class DraftWidthPolicy:
@@ -87,11 +88,15 @@ class DraftWidthPolicy:
         return 1 << (batch - 1).bit_length()
 
     def expected_tokens(self, width: int) -> float:
-        """E(width): committed tokens per sequence per step. P(first i accepted) is shrunk towards
-        P(first i-1) by one pseudo-trial (optimistic before any data) and never rises with i."""
-        total, p = 1.0, 1.0
+        """E(width): committed tokens per sequence per step. P(first i accepted) = P(first i-1) q_i, where
+        q_i, slot i's acceptance once the slots before it were accepted, is measured over the steps that
+        drafted slot i (hits[i] of the trials[i] P(first i-1) that reached it) beside `PRIOR_STEPS`
+        pseudo-steps at q_{i-1} (slot 1: one pseudo-step at 1, optimistic before any data)."""
+        total, p, q = 1.0, 1.0, 1.0
         for i in range(1, width + 1):
-            p = min(p, (self.hits[i] + p) / (self.trials[i] + 1))
+            prior = 1 if i == 1 else PRIOR_STEPS
+            q = min(1.0, (self.hits[i] + prior * q) / (self.trials[i] * p + prior))
+            p *= q
             total += p
         return total
 
