@@ -124,6 +124,45 @@ def test_the_short_conv_kernel_gives_the_bits_of_the_pytorch_spelling(hybrid_roo
         assert a.dtype == b.dtype == torch.bfloat16 and torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
+@pytest.mark.skipif(not kernels.available(), reason="no C compiler")
+@pytest.mark.parametrize("quantization", ["int4", "int8", "int4-a8"])
+def test_a_quantized_conv_layer_in_one_call_gives_the_bits_of_its_modules(hybrid_root, monkeypatch, quantization):
+    """With weight-only linear layers, bf16 on the CPU, a short-conv layer runs in one kernel call; a prompt
+    pass, a verify block and a decoding step give the logits and caches of the layer's modules, bit for bit;
+    and the hybrid quantization's fused MLP gate-and-up gives the separate projections' bits."""
+    from blockdraft.layers.quant import QuantizedLinear
+    from blockdraft.models.lfm2 import ShortConvLayer
+
+    path = hm.checkpoint(str(hybrid_root), arch="lfm2")
+    target = load_target(path, dtype="bfloat16", quantization=quantization)
+    layer = target.layers[0]
+    assert isinstance(layer, ShortConvLayer) and layer.mlp.gate_up_proj is not None
+    g = torch.Generator().manual_seed(2)
+    prompt, block, step = (torch.randint(0, target.config.vocab_size, (2, n), generator=g) for n in (7, 5, 1))
+    calls = []
+    real = kernels.conv_layer
+    monkeypatch.setattr(kernels, "conv_layer", lambda *a, **k: calls.append(1) or real(*a, **k))
+    outs = {}
+    with torch.inference_mode():
+        for one_call in (True, False):
+            if not one_call:
+                monkeypatch.setattr(ShortConvLayer, "_in_one_call", lambda *args: None)
+            cache = target.new_cache(2, 16)
+            logits = [target(prompt, cache).logits]
+            cache.truncate(7)
+            logits.append(target(block, cache).logits)
+            cache.truncate(9)                                 # two of the block's rows kept: the state rolled back
+            logits.append(target(step, cache).logits)
+            outs[one_call] = logits
+        assert len(calls) == 3 * sum(isinstance(m, ShortConvLayer) for m in target.layers)
+        for a, b in zip(outs[True], outs[False]):
+            assert torch.equal(a, b)
+        plain = load_target(path, dtype="bfloat16").layers[0].mlp        # the checkpoint's gate and up, unfused
+        gate, up = (QuantizedLinear(p.weight, None, quantization) for p in (plain.gate_proj, plain.up_proj))
+        x = torch.randn(3, target.config.hidden_size, generator=g).bfloat16()
+        assert torch.equal(layer.mlp.gate_up_proj(x), torch.cat([gate(x), up(x)], -1))
+
+
 def test_rollback_is_bitwise_the_state_of_the_accepted_rows(hybrid_root):
     target = load_target(hm.checkpoint(str(hybrid_root), arch="lfm2"), dtype="bfloat16")
     k = target.config.short_conv.conv_kernel

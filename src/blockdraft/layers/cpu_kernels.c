@@ -1668,6 +1668,36 @@ int bd_short_conv(const uint16_t *proj, int64_t row_stride, const uint16_t *stat
     return 0;
 }
 
+/* One LFM2 short-convolution layer with weight-only linear layers for bf16 inference (models/lfm2.py's
+ * ShortConvLayer over these kernels, the same operations and roundings, in one call): x [b*t, H] in place
+ * becomes x1 + down(swiglu(gate_up(norm2(x1)))) with x1 = x + out_proj(short_conv(in_proj(norm1(x)))), and bx
+ * [b*t, H] receives the rows the conv state keeps (bd_short_conv). Returns 0, or < 0 as bd_qgemm. */
+int bd_conv_layer(uint16_t *x, int b, int t, int H, int I, const uint16_t *norm1, const uint16_t *norm2, float eps,
+                  const uint8_t *in_w, const uint16_t *in_s, const uint8_t *out_w, const uint16_t *out_s,
+                  const uint8_t *gu_w, const uint16_t *gu_s, const uint8_t *down_w, const uint16_t *down_s, int bits,
+                  int act_bits, const uint16_t *state, const uint16_t *conv_w, const uint16_t *conv_b, int K,
+                  uint16_t *bx, int isa, int threads) {
+    size_t rows = (size_t)b * t;
+    uint16_t *scratch = malloc(2 * rows * ((size_t)H + 3 * (size_t)H + H + H + 3 * (size_t)I));
+    if (!scratch) return -1;
+    uint16_t *normed = scratch, *proj = normed + rows * H, *y = proj + rows * 3 * H, *x1 = y + rows * H,
+             *gu = x1 + rows * H, *act = gu + rows * 2 * I;
+    bd_rmsnorm(x, (int)rows, H, norm1, eps, normed, isa, threads);
+    int rc = bd_qgemm(normed, (int)rows, H, in_w, in_s, 3 * H, bits, act_bits, proj, NULL, isa, threads);
+    if (rc == 0) rc = bd_short_conv(proj, 3 * H, state, b, t, H, K, conv_w, conv_b, bx, y, isa);
+    if (rc == 0) rc = bd_qgemm(y, (int)rows, H, out_w, out_s, H, bits, act_bits, x1, x, isa, threads);
+    if (rc == 0) {
+        bd_rmsnorm(x1, (int)rows, H, norm2, eps, normed, isa, threads);
+        rc = bd_qgemm(normed, (int)rows, H, gu_w, gu_s, 2 * I, bits, act_bits, gu, NULL, isa, threads);
+    }
+    if (rc == 0) {
+        bd_swiglu(gu, 2 * I, gu + I, 2 * I, (int)rows, I, act, isa, threads);
+        rc = bd_qgemm(act, (int)rows, I, down_w, down_s, H, bits, act_bits, x, x1, isa, threads);
+    }
+    free(scratch);
+    return rc;
+}
+
 /* ---- the quantized target's decoder layers in one call (models/target.py's fused path) ----
  * The operations, order and roundings of the layers' PyTorch spelling over these kernels — RMSNorm,
  * the projections, Qwen3's q/k norms, the NeoX rotation x*cos + roll(x, d/2)*sin with each op rounded

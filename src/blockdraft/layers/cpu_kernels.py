@@ -104,6 +104,9 @@ def library() -> ctypes.CDLL | None:
     lib.bd_swiglu.argtypes = [ptr, i64, ptr, i64, i32, i32, ptr, i32, i32]
     lib.bd_rmsnorm.restype = None
     lib.bd_short_conv.restype = ctypes.c_int
+    lib.bd_conv_layer.restype = ctypes.c_int
+    lib.bd_conv_layer.argtypes = [ptr, i32, i32, i32, i32, ptr, ptr, f32, *[ptr] * 8, i32, i32, ptr, ptr, ptr, i32, ptr,
+                                  i32, i32]
     lib.bd_short_conv.argtypes = [ptr, i64, ptr, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32]
     lib.bd_rmsnorm.argtypes = [ptr, i32, i32, ptr, f32, ptr, i32, i32]
     lib.bd_delta_rule.restype = None
@@ -441,6 +444,35 @@ def short_conv(proj: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bi
                                None if bias is None else bias.data_ptr(), bx.data_ptr(), y.data_ptr(), _isa_code(isa)):
         raise MemoryError(f"short_conv: no scratch memory for a {h} x {k} weight")
     return bx, y
+
+
+def conv_layer(x: torch.Tensor, norms: tuple[torch.Tensor, torch.Tensor], eps: float, projections: tuple,
+               state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               isa: str | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """One LFM2 short-convolution layer in one call (`bd_conv_layer`): x [b, t, H] bf16 -> (the layer's output,
+    bx [b, t, H]: the rows its conv state keeps), with the bits of `models/lfm2.py`'s ShortConvLayer over these
+    kernels. norms: the two RMSNorm weights [H]; projections: the packed in_proj, out_proj, MLP gate-and-up and
+    down (`QuantizedLinear`s of one width and activation width, no bias); state [b, K-1, H]; weight [H, K],
+    bias [H] or None: the conv's. None where it does not apply (another dtype or device, autograd recording)."""
+    tensors = (x, state, weight, *norms) if bias is None else (x, state, weight, bias, *norms)
+    if x.dim() != 3 or not _bf16_inference(*tensors):
+        return None
+    b, t, h = x.shape
+    k = weight.shape[1]
+    in_proj, out_proj, gate_up, down = projections
+    if state.shape != (b, k - 1, h) or h % 16:
+        return None
+    out, bx = x.contiguous().clone(), torch.empty(b, t, h, dtype=torch.bfloat16)
+    state, weight = state.contiguous(), weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    rc = library().bd_conv_layer(out.data_ptr(), b, t, h, down.in_features, norms[0].data_ptr(), norms[1].data_ptr(),
+                                 eps, *(p for m in projections for p in (m.qweight.data_ptr(), m.scales.data_ptr())),
+                                 in_proj.bits, in_proj.act_bits, state.data_ptr(), weight.data_ptr(),
+                                 None if bias is None else bias.data_ptr(), k, bx.data_ptr(), _isa_code(isa),
+                                 torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError(f"conv_layer: no scratch memory for {b * t} rows")
+    return out, bx
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, isa: str | None = None) -> torch.Tensor | None:

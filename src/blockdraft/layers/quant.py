@@ -40,6 +40,7 @@ from ..errors import ConfigError
 from . import cpu_kernels as kernels
 from .direct import DirectCall
 from .hugepages import weight_buffer
+from .mlp import MLP
 from .moe import Experts
 from .norm import RMSNorm
 
@@ -252,6 +253,10 @@ def _quantize_hybrid(model: nn.Module, scheme: str, kernel: str | None) -> nn.Mo
     where both projections' shapes fit); the small ones (DeltaNet's b/a heads, the shared-expert gate) and
     the router stay bf16. The layers run one by one (no fused stack: the per-sequence state is not in it)."""
     for layer in model.layers:
+        mlp = getattr(layer, "mlp", None)
+        if (isinstance(mlp, MLP) and mlp.gate_up_proj is None and mlp.gate_proj.bias is None
+                and kernels.supports(2 * mlp.gate_proj.out_features, mlp.gate_proj.in_features)):
+            mlp.gate_up_proj = _fused(mlp, ("gate_proj", "up_proj"), scheme, kernel)      # one call, as above
         for parent in list(layer.modules()):
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear) and kernels.supports(child.out_features, child.in_features):

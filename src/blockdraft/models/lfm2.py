@@ -18,7 +18,9 @@ from ..layers import cpu_kernels as kernels
 from ..layers.deltanet import causal_conv
 from ..layers.direct import DirectCall
 from ..layers.linear import StableLinear
+from ..layers.mlp import MLP
 from ..layers.norm import RMSNorm
+from ..layers.quant import QuantizedLinear
 
 
 class ShortConv(DirectCall):
@@ -60,5 +62,27 @@ class ShortConvLayer(DirectCall):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, step, layer):
+        if (one_call := self._in_one_call(x, step.state, layer)) is not None:
+            return one_call
         x = x + self.conv(self.input_layernorm(x), step.state, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def _in_one_call(self, x: torch.Tensor, state, layer: int) -> torch.Tensor | None:
+        """The whole layer in one kernel call (`cpu_kernels.conv_layer`: the bits of the lines in `forward`) where
+        its kernels take every part: plain RMSNorms of one eps, the projections and a SwiGLU MLP's fused gate and up
+        packed at one width, no projection bias; else None."""
+        conv, mlp, norms = self.conv, self.mlp, (self.input_layernorm, self.post_attention_layernorm)
+        if type(mlp) is not MLP or mlp.act != "silu" or any(type(n) is not RMSNorm for n in norms):
+            return None
+        parts = (conv.in_proj, conv.out_proj, mlp.gate_up_proj, mlp.down_proj)
+        if (any(not isinstance(p, QuantizedLinear) or p.kernel != "qgemm" or p.bias is not None for p in parts)
+                or len({(p.bits, p.act_bits) for p in parts}) > 1 or norms[0].eps != norms[1].eps):
+            return None
+        conv_state, _ = state.initial(layer)                                               # [b, K-1, hidden]
+        done = kernels.conv_layer(x, (norms[0].weight, norms[1].weight), norms[0].eps, parts, conv_state,
+                                  conv.conv.weight[:, 0], conv.conv.bias if conv.bias else None)
+        if done is None:
+            return None
+        out, bx = done
+        state.record(layer, LayerRecord(bx))
+        return out
