@@ -129,7 +129,7 @@ def test_the_short_conv_kernel_gives_the_bits_of_the_pytorch_spelling(hybrid_roo
 def test_a_quantized_conv_layer_in_one_call_gives_the_bits_of_its_modules(hybrid_root, monkeypatch, quantization):
     """With weight-only linear layers, bf16 on the CPU, a short-conv layer runs in one kernel call; a prompt
     pass, a verify block and a decoding step give the logits and caches of the layer's modules, bit for bit;
-    and the hybrid quantization's fused MLP gate-and-up gives the separate projections' bits."""
+    and the hybrid quantization's fused MLP gate-and-up and attention q-k-v give the separate projections' bits."""
     from blockdraft.layers.quant import QuantizedLinear
     from blockdraft.models.lfm2 import ShortConvLayer
 
@@ -157,10 +157,14 @@ def test_a_quantized_conv_layer_in_one_call_gives_the_bits_of_its_modules(hybrid
         assert len(calls) == 3 * sum(isinstance(m, ShortConvLayer) for m in target.layers)
         for a, b in zip(outs[True], outs[False]):
             assert torch.equal(a, b)
-        plain = load_target(path, dtype="bfloat16").layers[0].mlp        # the checkpoint's gate and up, unfused
-        gate, up = (QuantizedLinear(p.weight, None, quantization) for p in (plain.gate_proj, plain.up_proj))
+        plain = load_target(path, dtype="bfloat16")          # the checkpoint's projections, each on its own
         x = torch.randn(3, target.config.hidden_size, generator=g).bfloat16()
-        assert torch.equal(layer.mlp.gate_up_proj(x), torch.cat([gate(x), up(x)], -1))
+        attention = next(i for i, m in enumerate(target.layers) if not isinstance(m, ShortConvLayer))
+        for fused, parts in ((layer.mlp.gate_up_proj, (plain.layers[0].mlp.gate_proj, plain.layers[0].mlp.up_proj)),
+                             (target.layers[attention].self_attn.qkv_proj,
+                              [getattr(plain.layers[attention].self_attn, n) for n in ("q_proj", "k_proj", "v_proj")])):
+            alone = [QuantizedLinear(p.weight, None, quantization)(x) for p in parts]
+            assert torch.equal(fused(x), torch.cat(alone, -1))
 
 
 def test_rollback_is_bitwise_the_state_of_the_accepted_rows(hybrid_root):

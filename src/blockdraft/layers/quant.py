@@ -247,16 +247,25 @@ class QuantizedExperts(nn.Module):
         return self.down_e[e](x)
 
 
+QKV = ("q_proj", "k_proj", "v_proj")
+
+
 def _quantize_hybrid(model: nn.Module, scheme: str, kernel: str | None) -> nn.Module:
     """Targets with state layers (Qwen3.5, LFM2) or MoE: every projection whose shape the kernels take (out a
-    multiple of 16, in of 32) as `scheme`, the stacked experts one layer per expert (`QuantizedExperts`,
-    where both projections' shapes fit); the small ones (DeltaNet's b/a heads, the shared-expert gate) and
-    the router stay bf16. The layers run one by one (no fused stack: the per-sequence state is not in it)."""
-    for layer in model.layers:
-        mlp = getattr(layer, "mlp", None)
+    multiple of 16, in of 32) as `scheme` (an attention layer's q, k and v, and a dense MLP's gate and up, as
+    one projection each), the stacked experts one layer per expert (`QuantizedExperts`, where both
+    projections' shapes fit); the small ones (DeltaNet's b/a heads, the shared-expert gate) and the router
+    stay bf16. The layers run one by one (no fused stack: the per-sequence state is not in it)."""
+    from ..models.decoder import TargetAttention      # the models import this module
+
+    for layer in model.layers:       # projections of one input in one call, as above, where the kernels take them
+        mlp, attn = getattr(layer, "mlp", None), getattr(layer, "self_attn", None)
         if (isinstance(mlp, MLP) and mlp.gate_up_proj is None and mlp.gate_proj.bias is None
                 and kernels.supports(2 * mlp.gate_proj.out_features, mlp.gate_proj.in_features)):
-            mlp.gate_up_proj = _fused(mlp, ("gate_proj", "up_proj"), scheme, kernel)      # one call, as above
+            mlp.gate_up_proj = _fused(mlp, ("gate_proj", "up_proj"), scheme, kernel)
+        if (type(attn) is TargetAttention and attn.qkv_proj is None
+                and kernels.supports(sum(getattr(attn, n).out_features for n in QKV), attn.q_proj.in_features)):
+            attn.qkv_proj = _fused(attn, QKV, scheme, kernel)
         for parent in list(layer.modules()):
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear) and kernels.supports(child.out_features, child.in_features):
