@@ -3,7 +3,8 @@ each part (patched for the measurement only, restored after).
 
 Parts: the weight-only or bf16 linear layers, the LM head, attention, the fused C decoder layers of a
 quantized Llama/Qwen3 target (linear layers and attention in one call; with the final norm and LM head
-where every row's logits are wanted), the Gated DeltaNet recurrence,
+where every row's logits are wanted), a quantized LFM2's short-conv layers run in one C call each (norms,
+linear layers and the conv), the Gated DeltaNet recurrence,
 the short / causal convolutions, and the state commit after the pass (the kept rows' state, replayed or
 gathered on a rollback). A part called inside another counts only in the inner one; what no part
 covers (norms, elementwise ops, RoPE, masks, Python between the calls) is `other`.
@@ -55,7 +56,8 @@ class PartTimer:
                        "decoder layers (fused C: linear + attention)" if head is None
                        else "decoder layers, final norm and LM head (fused C)"))]
         by_function = {attention.attend: "attention", deltanet.delta_rule: "DeltaNet recurrence",
-                       deltanet.causal_conv: "short / causal conv"}
+                       deltanet.causal_conv: "short / causal conv", cpu_kernels.short_conv: "short / causal conv",
+                       cpu_kernels.conv_layer: "short-conv layers (one C call: norms, linear layers, conv)"}
         for module in [m for name, m in sys.modules.items() if name.startswith("blockdraft.")]:
             for attr, value in list(vars(module).items()):
                 if callable(value) and value in by_function:

@@ -258,7 +258,7 @@ def _quantize_hybrid(model: nn.Module, scheme: str, kernel: str | None) -> nn.Mo
     stay bf16. The layers run one by one (no fused stack: the per-sequence state is not in it)."""
     from ..models.decoder import TargetAttention      # the models import this module
 
-    for layer in model.layers:       # projections of one input in one call, as above, where the kernels take them
+    for layer in model.layers:       # q/k/v and gate/up as one projection each, as quantize_target fuses them
         mlp, attn = getattr(layer, "mlp", None), getattr(layer, "self_attn", None)
         if (isinstance(mlp, MLP) and mlp.gate_up_proj is None and mlp.gate_proj.bias is None
                 and kernels.supports(2 * mlp.gate_proj.out_features, mlp.gate_proj.in_features)):
