@@ -103,12 +103,12 @@ def library() -> ctypes.CDLL | None:
     lib.bd_swiglu.restype = None
     lib.bd_swiglu.argtypes = [ptr, i64, ptr, i64, i32, i32, ptr, i32, i32]
     lib.bd_rmsnorm.restype = None
+    lib.bd_rmsnorm.argtypes = [ptr, i32, i32, ptr, f32, ptr, i32, i32]
     lib.bd_short_conv.restype = ctypes.c_int
+    lib.bd_short_conv.argtypes = [ptr, i64, ptr, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32]
     lib.bd_conv_layer.restype = ctypes.c_int
     lib.bd_conv_layer.argtypes = [ptr, i32, i32, i32, i32, ptr, ptr, f32, *[ptr] * 8, i32, i32, ptr, ptr, ptr, i32, ptr,
                                   i32, i32]
-    lib.bd_short_conv.argtypes = [ptr, i64, ptr, i32, i32, i32, i32, ptr, ptr, ptr, ptr, i32]
-    lib.bd_rmsnorm.argtypes = [ptr, i32, i32, ptr, f32, ptr, i32, i32]
     lib.bd_delta_rule.restype = None
     lib.bd_delta_rule.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, ptr, ptr, ptr, i32]
     lib.bd_markov_bias.restype = None
@@ -459,7 +459,7 @@ def conv_layer(x: torch.Tensor, norms: tuple[torch.Tensor, torch.Tensor], eps: f
         return None
     b, t, h = x.shape
     k = weight.shape[1]
-    in_proj, out_proj, gate_up, down = projections
+    in_proj, down = projections[0], projections[-1]
     if state.shape != (b, k - 1, h) or h % 16:
         return None
     out, bx = x.contiguous().clone(), torch.empty(b, t, h, dtype=torch.bfloat16)
