@@ -1,5 +1,5 @@
 """blockdraft's own CPU kernels (`cpu_kernels.c`), built at first use: a weight-only int4/int8 matmul,
-the inference attention, and the quantized target's whole layer stack.
+the inference attention, the quantized target's whole layer stack, and a quantized LFM2 short-conv layer.
 
 The matmul multiplies the GGUF block formats — 4-bit Q4_1 (fp16 scale and minimum per 32 weights) and
 8-bit Q8_0 — against activations carried per row at 16 bits in groups of 32 (two signed bytes), with
@@ -23,7 +23,13 @@ step: per layer RMSNorm, q/k/v, Qwen3's q/k norms, the rotation, the K/V rows wr
 cache or paged pool in place, attention reading the keys there through the slots, o_proj + residual,
 RMSNorm, gate/up, SwiGLU, down + residual; the drafter's taps copied out), with the bits of the
 layers' PyTorch spelling over the same kernels (tested, cache and paged pool). Since SiLU needs an
-exp, the PyTorch spelling calls this module's `swiglu` too for bf16 inference.
+exp, the PyTorch spelling calls this module's `swiglu` too for bf16 inference. SwiGLU and RMSNorm run
+8 lanes wide on AVX2 and 16 on AVX512 (the same operations lane by lane: the same bits), rows of 16,384
+elements or more split between threads.
+
+A quantized LFM2 short-conv layer runs in one call (`conv_layer`: RMSNorm, in_proj, the conv and its gates,
+out_proj + residual, RMSNorm, gate/up, SwiGLU, down + residual), and bf16 inference runs the conv and its
+gates in one call otherwise (`short_conv`), each with the bits of the layer's PyTorch spelling (tested).
 
 The C source is compiled once per machine with the system C compiler (`cc`, or `$CC`) into the
 blockdraft cache; where no compiler works (or `BLOCKDRAFT_NO_CPU_KERNELS` is set), `available()` is

@@ -4,7 +4,9 @@ The conv is depthwise and causal over `conv_L_cache` taps, with no activation; i
 `conv_L_cache - 1` rows of B ⊙ x, kept per sequence in `cache/state.py` like a DeltaNet's (no
 recurrence: rollback is a gather). LFM2's attention layers are Qwen3-style (per-head q/k RMSNorm, full
 rotary) and its feed-forward is SwiGLU: `decoder.DecoderLayer` runs them, the checkpoint's names mapped
-at load (`families/lfm2.py`).
+at load (`families/lfm2.py`). For bf16 inference on the CPU the conv and its gates run in one kernel call, and
+with weight-only linear layers the whole short-conv layer does (`cpu_kernels.short_conv`, `conv_layer`: the
+bits of the modules' spelling below).
 """
 
 from __future__ import annotations
