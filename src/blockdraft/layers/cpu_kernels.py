@@ -430,24 +430,33 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, isa: str | None = None) -> torc
     return act.view(gate.shape)
 
 
+def _given(*tensors: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    return tuple(t for t in tensors if t is not None)
+
+
+def _conv_operands(state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[tuple, tuple]:
+    """A short conv's state, weight and bias (or None) as its kernels read them: contiguous tensors, which the
+    caller keeps alive across the call, and their addresses (None for no bias)."""
+    kept = (state.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous())
+    return kept, tuple(None if t is None else t.data_ptr() for t in kept)
+
+
 def short_conv(proj: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                isa: str | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """LFM2's short convolution between its projections for bf16 inference on the CPU (`bd_short_conv`):
     proj [b, t, 3H] (B, C, x), state [b, K-1, H], weight [H, K], bias [H] or None -> (bx = B * x, the rows
     the state keeps; y = C * conv([state; bx]) in bf16), each [b, t, H], with the bits of the PyTorch spelling
     (`models/lfm2.py`); None where it does not apply (another dtype or device, autograd recording, no kernel)."""
-    tensors = (proj, state, weight) if bias is None else (proj, state, weight, bias)
-    if proj.dim() != 3 or not _bf16_inference(*tensors):
+    if proj.dim() != 3 or not _bf16_inference(proj, *_given(state, weight, bias)):
         return None
     b, t, width = proj.shape
     h, k = weight.shape
     if width != 3 * h or state.shape != (b, k - 1, h) or proj.stride(-1) != 1 or proj.stride(0) != t * proj.stride(1):
         return None
-    state, weight = state.contiguous(), weight.contiguous()
-    bias = None if bias is None else bias.contiguous()
+    _kept, addresses = _conv_operands(state, weight, bias)        # the tensors live until the call returns
     bx, y = torch.empty(b, t, h, dtype=torch.bfloat16), torch.empty(b, t, h, dtype=torch.bfloat16)
-    if library().bd_short_conv(proj.data_ptr(), proj.stride(1), state.data_ptr(), b, t, h, k, weight.data_ptr(),
-                               None if bias is None else bias.data_ptr(), bx.data_ptr(), y.data_ptr(), _isa_code(isa)):
+    if library().bd_short_conv(proj.data_ptr(), proj.stride(1), addresses[0], b, t, h, k, *addresses[1:],
+                               bx.data_ptr(), y.data_ptr(), _isa_code(isa)):
         raise MemoryError(f"short_conv: no scratch memory for a {h} x {k} weight")
     return bx, y
 
@@ -460,8 +469,7 @@ def conv_layer(x: torch.Tensor, norms: tuple[torch.Tensor, torch.Tensor], eps: f
     kernels. norms: the two RMSNorm weights [H]; projections: the packed in_proj, out_proj, MLP gate-and-up and
     down (`QuantizedLinear`s of one width and activation width, no bias); state [b, K-1, H]; weight [H, K],
     bias [H] or None: the conv's. None where it does not apply (another dtype or device, autograd recording)."""
-    tensors = (x, state, weight, *norms) if bias is None else (x, state, weight, bias, *norms)
-    if x.dim() != 3 or not _bf16_inference(*tensors):
+    if x.dim() != 3 or not _bf16_inference(x, *norms, *_given(state, weight, bias)):
         return None
     b, t, h = x.shape
     k = weight.shape[1]
@@ -469,12 +477,10 @@ def conv_layer(x: torch.Tensor, norms: tuple[torch.Tensor, torch.Tensor], eps: f
     if state.shape != (b, k - 1, h) or h % 16:
         return None
     out, bx = x.contiguous().clone(), torch.empty(b, t, h, dtype=torch.bfloat16)
-    state, weight = state.contiguous(), weight.contiguous()
-    bias = None if bias is None else bias.contiguous()
+    _kept, addresses = _conv_operands(state, weight, bias)        # the tensors live until the call returns
     rc = library().bd_conv_layer(out.data_ptr(), b, t, h, down.in_features, norms[0].data_ptr(), norms[1].data_ptr(),
                                  eps, *(p for m in projections for p in (m.qweight.data_ptr(), m.scales.data_ptr())),
-                                 in_proj.bits, in_proj.act_bits, state.data_ptr(), weight.data_ptr(),
-                                 None if bias is None else bias.data_ptr(), k, bx.data_ptr(), _isa_code(isa),
+                                 in_proj.bits, in_proj.act_bits, *addresses, k, bx.data_ptr(), _isa_code(isa),
                                  torch.get_num_threads())
     if rc != 0:
         raise MemoryError(f"conv_layer: no scratch memory for {b * t} rows")

@@ -179,6 +179,9 @@ def _scales_and_zeros(scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     return torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
 
 
+QKV, GATE_UP = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")     # projections of one input, fused
+
+
 def _fused(parent: nn.Module, names: tuple[str, ...], scheme: str, kernel: str | None) -> QuantizedLinear:
     """One weight-only layer for several projections of the same input (rows quantize on their
     own, so fusing changes no weight); the originals are dropped."""
@@ -202,9 +205,9 @@ def quantize_target(model: nn.Module, scheme: str, kernel: str | None = None) ->
         return _quantize_hybrid(model, scheme, kernel)
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        attn.qkv_proj = _fused(attn, ("q_proj", "k_proj", "v_proj"), scheme, kernel)
+        attn.qkv_proj = _fused(attn, QKV, scheme, kernel)
         attn.o_proj = QuantizedLinear(attn.o_proj.weight, attn.o_proj.bias, scheme, kernel)
-        mlp.gate_up_proj = _fused(mlp, ("gate_proj", "up_proj"), scheme, kernel)
+        mlp.gate_up_proj = _fused(mlp, GATE_UP, scheme, kernel)
         mlp.down_proj = QuantizedLinear(mlp.down_proj.weight, mlp.down_proj.bias, scheme, kernel)
     fused = [_fused_layer(layer) for layer in model.layers]
     model.fused = kernels.LayerStack(fused) if None not in fused else None
@@ -247,9 +250,6 @@ class QuantizedExperts(nn.Module):
         return self.down_e[e](x)
 
 
-QKV = ("q_proj", "k_proj", "v_proj")
-
-
 def _quantize_hybrid(model: nn.Module, scheme: str, kernel: str | None) -> nn.Module:
     """Targets with state layers (Qwen3.5, LFM2) or MoE: every projection whose shape the kernels take (out a
     multiple of 16, in of 32) as `scheme` (an attention layer's q, k and v, and a dense MLP's gate and up, as
@@ -262,7 +262,7 @@ def _quantize_hybrid(model: nn.Module, scheme: str, kernel: str | None) -> nn.Mo
         mlp, attn = getattr(layer, "mlp", None), getattr(layer, "self_attn", None)
         if (isinstance(mlp, MLP) and mlp.gate_up_proj is None and mlp.gate_proj.bias is None
                 and kernels.supports(2 * mlp.gate_proj.out_features, mlp.gate_proj.in_features)):
-            mlp.gate_up_proj = _fused(mlp, ("gate_proj", "up_proj"), scheme, kernel)
+            mlp.gate_up_proj = _fused(mlp, GATE_UP, scheme, kernel)
         if (type(attn) is TargetAttention and attn.qkv_proj is None
                 and kernels.supports(sum(getattr(attn, n).out_features for n in QKV), attn.q_proj.in_features)):
             attn.qkv_proj = _fused(attn, QKV, scheme, kernel)
@@ -328,7 +328,7 @@ def quantize_drafter(drafter: nn.Module, scheme: str) -> nn.Module:
             convert(layer.self_attn, name)
         mlp = layer.mlp
         if kernels.supports(2 * mlp.gate_proj.out_features, mlp.gate_proj.in_features):
-            mlp.gate_up_proj = _fused(mlp, ("gate_proj", "up_proj"), scheme, "qgemm")
+            mlp.gate_up_proj = _fused(mlp, GATE_UP, scheme, "qgemm")
         convert(mlp, "down_proj")
     if drafter.config.own_lm_head:
         convert(drafter, "lm_head", head_scheme(scheme, INT4_GROUP))
