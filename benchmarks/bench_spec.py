@@ -4,7 +4,8 @@ batch 1-16, over many short rounds, with a fresh or a remembered width policy, a
 parallelism.
 
     python benchmarks/bench_spec.py controlled [--families lfm2,qwen3.5,smollm2] [--als 1.5,2,3,4,5 | --rates 0.5,0.7]
-        [--batches 1,4] [--numerics int4] [--repeats 3] [--prompt 300] [--tokens 64] [--threads 2] [--name spec]
+        [--batches 1,4] [--numerics int4] [--draft-vocab N] [--repeats 3] [--prompt 300] [--tokens 64] [--threads 2]
+        [--name spec]
     python benchmarks/bench_spec.py engine [--repeats 3] [--tokens 48] [--no-adaptive] [--out engine]
     python benchmarks/bench_spec.py policy-ab [--rounds 16] [--batch 6] [--quantization none|int4]
         [--explore-share S] [--min-gap N] [--drafters dspark,dspark-plain,dflash]
@@ -68,13 +69,40 @@ def chained_target(cfg, numerics: str, perm: torch.Tensor):
     return model if numerics in ("bf16", "none") else quantize_target(model, numerics)
 
 
-def chained_drafter(target, perm: torch.Tensor, rate: float):
+def chained_perm(vocab: int, draft_vocab: torch.Tensor | None) -> torch.Tensor:
+    """A fixed random permutation σ of the vocabulary; with a draft vocabulary (sorted ids), one that maps
+    it onto itself (and the other ids onto theirs), so that a continuation which starts in it stays in it."""
+    g = torch.Generator().manual_seed(3)
+    if draft_vocab is None:
+        return torch.randperm(vocab, generator=g)
+    rest = torch.ones(vocab, dtype=torch.bool)
+    rest[draft_vocab] = False
+    perm = torch.empty(vocab, dtype=torch.long)
+    for ids in (draft_vocab, rest.nonzero()[:, 0]):
+        perm[ids] = ids[torch.randperm(len(ids), generator=g)]
+    return perm
+
+
+def draft_ids(vocab: int, size: int) -> torch.Tensor | None:
+    """`size` sorted random token ids (the controlled drafter's draft vocabulary), or None for 0 (the whole
+    vocabulary)."""
+    if not 0 <= size <= vocab:
+        raise SystemExit(f"--draft-vocab {size}: 0 (the whole vocabulary) or a size up to {vocab}")
+    if size in (0, vocab):
+        return None
+    return torch.randperm(vocab, generator=torch.Generator().manual_seed(4))[:size].sort().values
+
+
+def chained_drafter(target, perm: torch.Tensor, rate: float, draft_vocab: torch.Tensor | None = None):
     """A DSpark drafter whose Markov head knows t -> perm[t] for a share `rate` of the tokens t, in its
-    target's weight-only scheme as `load_drafter` puts it."""
+    target's weight-only scheme as `load_drafter` puts it. With `draft_vocab` (sorted target ids, mapped
+    onto itself by `perm`) its logits and Markov head cover only those ids, as a pruned drafter's do
+    (its own LM head: the target's rows for them)."""
     from blockdraft.checkpoints.publish import new_drafter
     from blockdraft.layers.quant import quantize_drafter, scheme_of
     n, vocab = target.config.num_layers, target.config.vocab_size
-    drafter = new_drafter(target, "dspark", 1, BLOCK, (1, n // 2, n - 2), mask_token_id=0, markov_rank=MARKOV_RANK)
+    drafter = new_drafter(target, "dspark", 1, BLOCK, (1, n // 2, n - 2), mask_token_id=0, markov_rank=MARKOV_RANK,
+                          draft_vocab=draft_vocab)
     g = torch.Generator().manual_seed(2)
     codes = torch.randn(vocab, MARKOV_RANK, generator=g)
     codes = codes / codes.norm(dim=-1, keepdim=True)                    # [vocab, rank], unit rows
@@ -82,6 +110,8 @@ def chained_drafter(target, perm: torch.Tensor, rate: float):
     w1 = torch.where(unknown[:, None], -codes, codes)     # an unknown t's bias holds perm[t] at -scale
     w2 = torch.empty_like(codes)
     w2[perm] = codes * MARKOV_SCALE                                     # bias(t)[perm[t]] = scale for a known t
+    if draft_vocab is not None:
+        w2 = w2[draft_vocab]                                            # [draft vocab, rank]: rows by draft id
     head = drafter.markov_head
     with torch.no_grad():
         head.markov_w1.weight.copy_(w1)
@@ -146,6 +176,9 @@ def controlled_flags(ap) -> None:
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--numerics", default="int4")
     ap.add_argument("--modes", default="policy,width", help="which speculative modes run: the width policy, the full width")
+    ap.add_argument("--draft-vocab", type=int, default=0,
+                    help="the drafter's draft vocabulary size (0: the whole vocabulary); prompts and the target's "
+                         "continuation then use those ids only")
     add_repeats(ap, 3)
     ap.add_argument("--prompt", type=int, default=300, help="prompt tokens")
     add_prompts(ap, None, 64)
@@ -170,7 +203,11 @@ def controlled(args) -> None:
     "known" t and as large negative for an unknown one (which the drafter's own hidden-state guess, read
     through the target's head, cannot outweigh). Slot i of a block is then accepted with probability
     about aⁱ, as `moe-width` assumes, and each drafted token really runs through the drafter, the
-    target's verify pass over the union of the rows' experts, and the rollback.
+    target's verify pass over the union of the rows' experts, and the rollback. `--draft-vocab N` gives
+    the drafter a pruned vocabulary of N random ids (its own LM head: the target's rows for them, and a
+    Markov head over them; the layout blockdraft's DSpark recipe trains and EAGLE-3 drafters ship), σ maps
+    those ids onto themselves and the prompts are drawn from them, so the continuation stays draftable:
+    what changes is what the drafter's logits and Markov chain cost a step, not the acceptance.
 
     For each target, batch size and a, in one process and interleaved by repeat (each repeat its own
     random prompts, one per sequence of the batch): the engine with its width policy on (`EngineConfig`
@@ -193,16 +230,21 @@ def controlled(args) -> None:
     if not (kinds := set(args.modes.split(","))) or not kinds <= {"policy", "width"}:
         raise SystemExit(f"--modes {args.modes}: a comma-separated subset of policy,width")
     configs = shaped_configs()
+    families = args.families.split(",")
+    if unknown := [f for f in families if f not in configs]:
+        raise SystemExit(f"--families: {', '.join(unknown)} not among {', '.join(configs)}")
+    pruned = {f: draft_ids(configs[f].vocab_size, args.draft_vocab) for f in families}   # checked before any work
     max_len = args.prompt + 4 * args.tokens + 2 * BLOCK + 16     # the policy's warm-up request is 4x longer
     runs: dict[str, dict] = {}                     # "family numerics" -> mode -> engine
     prompts: dict[str, list[list[int]]] = {}
     with torch.inference_mode():
-        for family in args.families.split(","):
+        for family in families:
             cfg = configs[family]
-            perm = torch.randperm(cfg.vocab_size, generator=torch.Generator().manual_seed(3))
+            perm = chained_perm(cfg.vocab_size, pruned[family])
+            ids = torch.arange(cfg.vocab_size) if pruned[family] is None else pruned[family]   # prompts' ids
             for numerics in args.numerics.split(","):
                 target = chained_target(cfg, numerics, perm)
-                drafters = {a: chained_drafter(target, perm, a) for a in rates}
+                drafters = {a: chained_drafter(target, perm, a, pruned[family]) for a in rates}
                 for batch in batches:
                     name = f"{family} {numerics} batch {batch}"
                     modes = {"plain": sized_engine(target, None, batch, max_len, frozenset())}
@@ -212,11 +254,12 @@ def controlled(args) -> None:
                         if "width" in kinds:
                             modes[f"width {BLOCK} a={a}"] = sized_engine(target, drafter, batch, max_len,
                                                                          frozenset(), adaptive_speculation=False)
-                    prompts[name] = [[torch.randint(0, cfg.vocab_size, (args.prompt,),   # a batch per repeat
-                                                    generator=torch.Generator().manual_seed(100 * r + i)).tolist()
+                    prompts[name] = [[ids[torch.randint(0, len(ids), (args.prompt,),   # a batch per repeat
+                                                        generator=torch.Generator().manual_seed(100 * r + i))].tolist()
                                       for i in range(batch)] for r in range(args.repeats)]
-                    warm = [torch.randint(0, cfg.vocab_size, (args.prompt,),
-                                          generator=torch.Generator().manual_seed(5 + i)).tolist() for i in range(batch)]
+                    warm = [ids[torch.randint(0, len(ids), (args.prompt,),
+                                              generator=torch.Generator().manual_seed(5 + i))].tolist()
+                            for i in range(batch)]
                     for mode, eng in modes.items():            # warm-up: kernel plans, the policy's measurements
                         decode_run(eng, warm, 4 * args.tokens if mode.startswith("policy") else args.tokens // 4)
                         print(name, mode, "warm", file=sys.stderr, flush=True)
@@ -236,6 +279,7 @@ def controlled(args) -> None:
                       file=sys.stderr, flush=True)
     report = {"cpu": cpu_model(), "isa": kernels.best_isa(), "threads": args.threads, "prompt": args.prompt,
               "tokens": args.tokens, "repeats": args.repeats, "block": BLOCK, "numerics": args.numerics,
+              "draft_vocab": args.draft_vocab or "whole vocabulary",
               "drafter": "controlled-acceptance drafter: proposes the target's own greedy continuation, "
                          "each slot with probability a", "rates": rates,
               "asked_als": None if args.rates else [float(al) for al in args.als.split(",")], "models": {}}

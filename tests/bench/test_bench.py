@@ -138,3 +138,42 @@ def test_benchmark_rounds_put_each_mode_after_each_other_equally_often(n):
     assert len(after) == n * (n - 1) and len(set(after.values())) <= 1
     if n == 2:
         assert rows == [names, names[::-1]]
+
+
+def test_controlled_drafter_with_a_draft_vocabulary_keeps_the_chain_inside_it(monkeypatch):
+    """`bench_spec.py controlled --draft-vocab N`: the target's greedy continuation stays inside the draft
+    vocabulary, the drafter pruned to it proposes that continuation (at rate 1 every draft is accepted: its
+    Markov rows sit at the right draft ids), and the output equals plain decoding's."""
+    import dataclasses
+    import statistics
+    from pathlib import Path
+
+    import torch
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[2] / "benchmarks"))
+    import bench_spec
+    from harness import shaped_configs
+
+    from blockdraft.engine.engine import sized_engine
+    from blockdraft.sampling.params import SamplingParams
+
+    cfg = dataclasses.replace(shaped_configs()["smollm2"], vocab_size=1024, hidden_size=128, intermediate_size=256,
+                              num_layers=4, num_heads=2, num_kv_heads=1)
+    ids = bench_spec.draft_ids(cfg.vocab_size, 256)
+    perm = bench_spec.chained_perm(cfg.vocab_size, ids)
+    inside = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    inside[ids] = True
+    assert sorted(perm.tolist()) == list(range(cfg.vocab_size)) and bool(inside[perm[ids]].all())
+    with torch.inference_mode():
+        target = bench_spec.chained_target(cfg, "int4", perm)
+        drafter = bench_spec.chained_drafter(target, perm, 1.0, ids)
+        assert drafter.config.draft_vocab_size == 256
+        prompt = ids[torch.randint(0, 256, (16,), generator=torch.Generator().manual_seed(0))].tolist()
+        params = SamplingParams(max_tokens=32, ignore_eos=True)
+        plain = sized_engine(target, None, 1, 96, frozenset()).generate([prompt], params)[0]
+        spec = sized_engine(target, drafter, 1, 96, frozenset(), adaptive_speculation=False).generate([prompt], params)[0]
+    seq = prompt[-1:] + plain.token_ids
+    assert all(int(perm[a]) == b for a, b in zip(seq, seq[1:]))
+    assert spec.token_ids == plain.token_ids and statistics.fmean(spec.acceptance_lengths) > 6
+    with pytest.raises(SystemExit, match="--draft-vocab 2000"):
+        bench_spec.draft_ids(cfg.vocab_size, 2000)

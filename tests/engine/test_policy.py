@@ -6,7 +6,7 @@ from blockdraft.engine.engine import EngineConfig, LLMEngine
 from blockdraft.engine.policy import WIDE_TRIES, DraftWidthPolicy
 from blockdraft.errors import ConfigError
 from blockdraft.sampling.params import SamplingParams
-from conftest import random_prompts
+from conftest import on_threads, random_prompts
 
 
 def _measure(policy, batch, cost_of, accepted_of):
@@ -309,3 +309,31 @@ def test_unlucky_first_samples_of_the_deep_slots_do_not_keep_the_policy_narrow()
     assert picks[1:1 + WIDE_TRIES] == [8] * WIDE_TRIES
     late = picks[300:]
     assert sum(rate[w] for w in late) / len(late) >= 0.97 * max(rate.values())
+
+
+def test_a_step_at_a_thread_count_being_measured_is_not_the_widths_cost():
+    """The engine runs a width's step at the other thread count now and then to measure it (threads.py); that
+    step's time (a one-thread step: ~1.8x) is left out of the width's cost, and its acceptance still counts."""
+    policy = DraftWidthPolicy(8, min_gap=1000)
+    policy.record(1, 0, 1.0, [], [])
+    policy.record(1, 4, 1.5, [4], [2])
+    policy.record(1, 4, 2.7, [4], [4], timed=False)
+    assert policy.cost[(1, 4)] == 1.5 and policy.trials[4] == 2 and policy.hits[4] == 1 and policy.hits[2] == 2
+    policy.record(1, 4, 2.7, [4], [0])
+    assert policy.cost[(1, 4)] == pytest.approx(1.5 + 0.25 * 1.2)        # a timed slower step moves it a quarter
+
+
+def test_the_engine_leaves_thread_looks_out_of_the_widths_costs(target, drafters):
+    """End to end: every step the engine ran at a thread count it was only measuring reaches the policy untimed."""
+    def run():
+        engine = LLMEngine(target, drafters["dspark"], EngineConfig(max_batch=1))
+        engine.threads.every = 2
+        seen, looks = [], []
+        record, pick = engine.policy.record, engine.threads.pick
+        engine.policy.record = lambda *a, **k: seen.append(k["timed"]) or record(*a, **k)
+        engine.threads.pick = lambda key: (pick(key), looks.append(engine.threads.looking))[0]
+        engine.generate([[3, 17, 42, 5, 9]], SamplingParams(max_tokens=24, ignore_eos=True))
+        return seen, looks
+
+    seen, looks = on_threads(2, run)
+    assert any(looks) and seen == [not look for look in looks]

@@ -27,6 +27,21 @@ def test_picks_the_faster_count_and_follows_a_change():
     assert picks.count(2) == 2 and picks.index(2) == 7   # every max(4, (5 - 1) / 0.5) = 8 steps
 
 
+def test_a_pick_says_whether_it_only_measures_the_other_count():
+    """`looking`: the step runs at a count other than the one the choice runs (a first measurement of it, or a
+    periodic look), so its time is not what the step costs (the width policy leaves it out)."""
+    choice, key = ThreadChoice(most=2, every=4, share=0.5), (1, 0)
+    flags = []
+    for _ in range(8):                                   # two threads 1.0 s a step, one 0.5 s: one runs
+        threads = choice.pick(key)
+        flags.append((threads, choice.looking))
+        choice.record(key, threads, 0.5 if threads == 1 else 1.0)
+    assert flags == [(2, False), (1, True), (1, False), (2, True), (1, False), (1, False), (1, False), (2, True)]
+    choice.pick((1, 3))                                  # a new width: the count it runs now, then the other
+    assert choice.current == 1 and choice.looking
+    assert not ThreadChoice(most=1).looking and ThreadChoice(most=1).pick(key) == 1
+
+
 def test_one_delayed_step_does_not_move_the_choice():
     """A step the host delayed (a barrier waiting on a descheduled thread) is not the count's cost: the
     choice stays until most of the count's last RECENT steps are slower."""

@@ -187,17 +187,7 @@ class DraftWidthPolicy:
         self.hits = [min(round(h * scale), t) for h, t in zip(hits, self.trials)]
         return True
 
-    def _monotone(self, b: int) -> None:
-        """Lower bucket `b`'s measured costs so that none exceeds a wider width's (see the module docstring)."""
-        cheapest_wider = float("inf")
-        for w in sorted((w for bb, w in self.cost if bb == b), reverse=True):
-            self.cost[(b, w)] = cheapest_wider = min(self.cost[(b, w)], cheapest_wider)
-
-    def record(self, batch: int, width: int, seconds: float, drafted: list[int], accepted: list[int],
-               upkeep: float = 0.0) -> None:
-        """One decode step: its time at `width` (without `upkeep`, the time of the drafter context it wrote for
-        earlier steps that did not draft), and each sequence's drafted / accepted counts."""
-        key = (self.bucket(batch), width)
+    def _record_cost(self, key: tuple[int, int], width: int, seconds: float) -> None:
         measuring = width == self.max_width and self.wide_steps < WIDE_TRIES
         self.wide_steps += width == self.max_width
         old = self.cost.get(key)
@@ -210,9 +200,25 @@ class DraftWidthPolicy:
         if width == 0:
             self.plain_recent[key[0]].append(seconds)
         self._monotone(key[0])
+
+    def _monotone(self, b: int) -> None:
+        """Lower bucket `b`'s measured costs so that none exceeds a wider width's (see the module docstring)."""
+        cheapest_wider = float("inf")
+        for w in sorted((w for bb, w in self.cost if bb == b), reverse=True):
+            self.cost[(b, w)] = cheapest_wider = min(self.cost[(b, w)], cheapest_wider)
+
+    def record(self, batch: int, width: int, seconds: float, drafted: list[int], accepted: list[int],
+               upkeep: float = 0.0, timed: bool = True) -> None:
+        """One decode step: its time at `width` (without `upkeep`, the time of the drafter context it wrote for
+        earlier steps that did not draft), and each sequence's drafted / accepted counts. `timed` False: the
+        step ran at a thread count the engine was only measuring (engine/threads.py), so its time is not
+        `width`'s cost; its acceptance counts all the same."""
+        key = (self.bucket(batch), width)
+        if timed:
+            self._record_cost(key, width, seconds)
+            if width and self.owed[key[0]] and upkeep:
+                self.upkeep[key[0]] = upkeep / self.owed[key[0]]
         self.credit[key[0]] += self.explore_share * seconds
-        if width and self.owed[key[0]] and upkeep:
-            self.upkeep[key[0]] = upkeep / self.owed[key[0]]
         self.owed[key[0]] = 0 if width else self.owed[key[0]] + 1
         for n, a in zip(drafted, accepted):
             for i in range(1, n + 1):

@@ -51,6 +51,7 @@ class StepOutputs:
     decode: list[SeqOutput] = field(default_factory=list)
     decode_s: float = 0.0      # wall time of the decode half (what the width policy learns from)
     catch_up_s: float = 0.0    # of which: drafter context of earlier steps that did not draft (see flush_context)
+    thread_look: bool = False  # run at a thread count only to measure it (threads.py): not what the width costs
 
 
 def verify(seq: Sequence, block: list[int], logits: torch.Tensor, argmax: list[int], draft_q: torch.Tensor | None,

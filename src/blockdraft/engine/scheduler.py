@@ -104,7 +104,7 @@ class Scheduler:
                                                   seq.num_drafter_ctx if self.drafting else seq.num_computed,
                                                   seq.registered)
         self.policy.record(len(batch.decode), batch.width, out.decode_s - out.catch_up_s, [o.drafted for o in out.decode],
-                           [o.accepted for o in out.decode], out.catch_up_s)
+                           [o.accepted for o in out.decode], out.catch_up_s, timed=not out.thread_look)
         return touched + batch.decode
 
     def _commit(self, seq: Sequence, new: list[int], step=None) -> int:
