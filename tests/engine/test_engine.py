@@ -153,7 +153,8 @@ def test_confidence_threshold_in_batch_is_lossless(target, drafters, single_stre
 def test_policy_skipping_drafts_keeps_greedy_output(target, drafters, single_stream):
     engine = LLMEngine(target, drafters["dflash"], TIGHT)
     record = engine.policy.record                                         # pretend drafting is very slow
-    engine.policy.record = lambda batch, width, s, *counts: record(batch, width, s + 10.0 * (width > 0), *counts)
+    engine.policy.record = lambda batch, width, s, *counts, **kw: record(batch, width, s + 10.0 * (width > 0), *counts,
+                                                                        **kw)
     engine.policy.min_gap = 10 ** 6
     outs = engine.generate(PROMPTS[:12], PARAMS[:12])
     assert [o.token_ids for o in outs] == single_stream[:12]

@@ -37,8 +37,10 @@ def test_a_pick_says_whether_it_only_measures_the_other_count():
         flags.append((threads, choice.looking))
         choice.record(key, threads, 0.5 if threads == 1 else 1.0)
     assert flags == [(2, False), (1, True), (1, False), (2, True), (1, False), (1, False), (1, False), (2, True)]
-    choice.pick((1, 3))                                  # a new width: the count it runs now, then the other
-    assert choice.current == 1 and choice.looking
+    new = (1, 3)                                         # a new width: the count it runs now, then the other
+    assert (choice.pick(new), choice.looking) == (1, False)
+    choice.record(new, 1, 0.5)
+    assert (choice.pick(new), choice.looking) == (2, True)
     assert not ThreadChoice(most=1).looking and ThreadChoice(most=1).pick(key) == 1
 
 

@@ -21,7 +21,10 @@ slot's acceptance; one step is too few to judge the deep slots by), and its cost
 those steps: the first drafting step pays one-time costs, and the engine's thread choice may time
 another thread count on the next (measured on the LFM2-1.2B shape: 146 and 174 ms, then 104 ms a
 step; a running estimate of the three is ~1.5x the warm cost, and every drafting width interpolated
-from it that much dearer).
+from it that much dearer). A step the engine ran at a thread count it was only measuring (`record(...,
+timed=False)`: engine/threads.py's looks, a one-thread step ~1.8x a two-thread one on 2 cores) is not a
+width's cost and is left out; counted, each width's first such look kept the policy a width or two
+narrower than its best.
 
 A drafting width must also win against the plain step's lowest cost among its last `PLAIN_LOW`
 samples, not only against its running estimate: a slow spell raises that estimate (and the rule

@@ -42,9 +42,10 @@ class ThreadChoice:
             return self.most
         n = self.since[key] = self.since.get(key, 0) + 1
         unmeasured = [t for t in self.options if (*key, t) not in self.cost]
-        if unmeasured:
-            self.looking = unmeasured[0] != self.current
-            return unmeasured[0]
+        if unmeasured:                            # the count it runs now first: that step is what the width costs
+            pick = self.current if self.current in unmeasured else unmeasured[0]
+            self.looking = pick != self.current
+            return pick
         best, other = sorted(self.options, key=lambda t: self.cost[(*key, t)])
         self.current = best
         if n >= max(self.every, (self.cost[(*key, other)] / self.cost[(*key, best)] - 1) / self.share):
