@@ -331,7 +331,7 @@ def test_the_engine_leaves_thread_looks_out_of_the_widths_costs(target, drafters
         seen, looks = [], []
         record, pick = engine.policy.record, engine.threads.pick
         engine.policy.record = lambda *a, **k: seen.append(k["timed"]) or record(*a, **k)
-        engine.threads.pick = lambda key: (pick(key), looks.append(engine.threads.looking))[0]
+        engine.threads.pick = lambda key: (n := pick(key), looks.append(engine.threads.looks_at(n)))[0]
         engine.generate([[3, 17, 42, 5, 9]], SamplingParams(max_tokens=24, ignore_eos=True))
         return seen, looks
 

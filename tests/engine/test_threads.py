@@ -28,20 +28,21 @@ def test_picks_the_faster_count_and_follows_a_change():
 
 
 def test_a_pick_says_whether_it_only_measures_the_other_count():
-    """`looking`: the step runs at a count other than the one the choice runs (a first measurement of it, or a
+    """`looks_at`: the step runs at a count other than the one the choice runs (a first measurement of it, or a
     periodic look), so its time is not what the step costs (the width policy leaves it out)."""
     choice, key = ThreadChoice(most=2, every=4, share=0.5), (1, 0)
     flags = []
     for _ in range(8):                                   # two threads 1.0 s a step, one 0.5 s: one runs
         threads = choice.pick(key)
-        flags.append((threads, choice.looking))
+        flags.append((threads, choice.looks_at(threads)))
         choice.record(key, threads, 0.5 if threads == 1 else 1.0)
     assert flags == [(2, False), (1, True), (1, False), (2, True), (1, False), (1, False), (1, False), (2, True)]
     new = (1, 3)                                         # a new width: the count it runs now, then the other
-    assert (choice.pick(new), choice.looking) == (1, False)
+    assert (threads := choice.pick(new), choice.looks_at(threads)) == (1, False)
     choice.record(new, 1, 0.5)
-    assert (choice.pick(new), choice.looking) == (2, True)
-    assert not ThreadChoice(most=1).looking and ThreadChoice(most=1).pick(key) == 1
+    assert (threads := choice.pick(new), choice.looks_at(threads)) == (2, True)
+    single = ThreadChoice(most=1)
+    assert single.pick(key) == 1 and not single.looks_at(1)
 
 
 def test_one_delayed_step_does_not_move_the_choice():

@@ -242,7 +242,7 @@ class LLMEngine:
             torch.set_num_threads(before)
         if key:
             self.threads.record(key, threads, out.decode_s)
-            out.thread_look = self.threads.looking
+            out.thread_look = self.threads.looks_at(threads)
         return out
 
     def _refresh_gauges(self) -> None:

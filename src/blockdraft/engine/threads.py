@@ -9,9 +9,10 @@ process onto one thread for the steps until the next look), the faster one runs,
 once `every` steps have passed and the steps since its last look have earned, at `share` of their
 time, what a look is expected to lose — so the dearer the other count, the rarer the looks.
 Every kernel gives the same bits at any thread count (tested), so the choice never changes output.
-A step run at a count only to measure it (`looking`) is not what the width costs: the width policy leaves
-its time out (a one-thread look costs ~1.8x a two-thread step on a 2-core machine, and counted, each width's
-first look raised its cost estimate by ~20%, enough to keep the policy a width or two narrower than its best).
+A step at a count other than the one the choice runs (`looks_at`: run only to measure it) is not what the
+width costs: the width policy leaves its time out (a one-thread look costs ~1.8x a two-thread step on a
+2-core machine, and counted, each width's first look raised its cost estimate by ~20%, enough to keep the
+policy a width or two narrower than its best).
 """
 
 from __future__ import annotations
@@ -33,26 +34,25 @@ class ThreadChoice:
         self.recent: dict[tuple, deque] = {}     # (bucket, width, threads) -> its last RECENT steps' seconds
         self.since: dict[tuple, int] = {}        # (bucket, width) -> decode steps since the last look
         self.current = self.most                  # the count the last decode step chose as the faster
-        self.looking = False                      # the last pick runs a count only to measure it
 
     def pick(self, key: tuple) -> int:
         """The thread count for a decode step of this (batch bucket, width)."""
-        self.looking = False
         if len(self.options) == 1:
             return self.most
         n = self.since[key] = self.since.get(key, 0) + 1
         unmeasured = [t for t in self.options if (*key, t) not in self.cost]
         if unmeasured:                            # the count it runs now first: that step is what the width costs
-            pick = self.current if self.current in unmeasured else unmeasured[0]
-            self.looking = pick != self.current
-            return pick
+            return self.current if self.current in unmeasured else unmeasured[0]
         best, other = sorted(self.options, key=lambda t: self.cost[(*key, t)])
         self.current = best
         if n >= max(self.every, (self.cost[(*key, other)] / self.cost[(*key, best)] - 1) / self.share):
             self.since[key] = 0
-            self.looking = True
             return other
         return best
+
+    def looks_at(self, threads: int) -> bool:
+        """Whether a step `pick` gave `threads` runs them only to measure them (not the count it runs now)."""
+        return threads != self.current
 
     def record(self, key: tuple, threads: int, seconds: float) -> None:
         recent = self.recent.setdefault((*key, threads), deque(maxlen=RECENT))
